@@ -1,0 +1,170 @@
+// The engine's public API: variables, recorded nodes, waits and policies.
+// No TBB or CUDA header is included here; the scheduler lives in engine/src.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <lazydag/engine/error.hpp>
+#include <lazydag/engine/function.hpp>
+
+namespace lazydag::engine {
+
+/// When recorded nodes run. Results never depend on the policy; only timing does.
+enum class Policy : std::uint8_t {
+  kLazy,   ///< run only what a wait needs (plus the pending window's overflow)
+  kEager,  ///< dispatch each node as soon as its inputs are ready
+  kNaive,  ///< run each node synchronously inside push(): the reference
+};
+
+/// "lazy", "eager" or "naive".
+[[nodiscard]] std::string_view to_string(Policy p) noexcept;
+/// Parses a policy name; throws InvalidArgument on anything else.
+[[nodiscard]] Policy parse_policy(std::string_view name);
+
+/// Kinds of device a node can run on. Only the CPU exists in the engine core;
+/// stream devices extend this enum.
+enum class DeviceKind : std::uint8_t { kCpu };
+
+/// A device: a kind and an ordinal.
+struct Device {
+  DeviceKind kind = DeviceKind::kCpu;
+  int id = 0;
+  friend bool operator==(const Device&, const Device&) = default;
+  /// "cpu(0)" and the like.
+  [[nodiscard]] std::string str() const;
+};
+
+/// A handle to an engine variable. Plain value; the engine checks it on
+/// every use (a stale or foreign handle is an InvalidArgument, never UB).
+struct Var {
+  std::uint32_t index = 0;
+  std::uint32_t generation = 0;  ///< 0 only in the default (invalid) handle
+  [[nodiscard]] bool valid() const noexcept { return generation != 0; }
+  friend bool operator==(const Var&, const Var&) = default;
+};
+
+/// What a node's function is told when it runs.
+struct RunContext {
+  Device device;
+  void* stream = nullptr;  ///< the stream handle on stream devices; null on the CPU
+  int worker_index = -1;   ///< engine worker running the node; -1 for a frontend thread
+};
+
+/// Per-node options for push().
+struct PushOptions {
+  Device device{};
+  int priority = 0;       ///< among ready nodes, higher starts first
+  std::string_view name;  ///< shown in errors, graphs and traces ("op" if empty)
+};
+
+/// Engine construction options. from_env() reads LAZYDAG_ENGINE
+/// (lazy|eager|naive), LAZYDAG_NUM_THREADS and LAZYDAG_MAX_PENDING.
+struct EngineOptions {
+  Policy policy = Policy::kLazy;
+  int num_threads = 0;  ///< CPU workers; 0 = the hardware's concurrency
+  /// Recorded nodes kept unstarted before the oldest is started; the engine
+  /// also stalls a frontend that has twice this many nodes unfinished.
+  /// 0 = unbounded.
+  std::size_t max_pending = 16384;
+
+  /// Defaults overridden by the environment; throws InvalidArgument on a
+  /// malformed value.
+  [[nodiscard]] static EngineOptions from_env();
+};
+
+/// Counters since construction (consistent snapshot).
+struct EngineStats {
+  std::uint64_t nodes_recorded = 0;
+  std::uint64_t nodes_run = 0;      ///< functions that ran (and returned or threw)
+  std::uint64_t nodes_failed = 0;   ///< functions that threw
+  std::uint64_t nodes_skipped = 0;  ///< not run because an input was poisoned
+  std::size_t unfinished = 0;       ///< recorded and not yet done
+  std::size_t peak_unfinished = 0;
+  std::uint64_t blocking_waits = 0;  ///< wait_to_read / wait_to_write / waitall calls
+};
+
+/// One unfinished node as seen by pending_nodes().
+struct PendingNode {
+  std::uint64_t id = 0;  ///< record order, unique per engine
+  std::string name;
+  Device device;
+  int priority = 0;
+  bool requested = false;  ///< scheduled to run (false: still lazily recorded)
+  std::vector<std::uint64_t> preds;  ///< ids of unfinished predecessors
+  std::vector<Var> reads;
+  std::vector<Var> writes;
+};
+
+namespace detail {
+class EngineImpl;
+}
+
+/// A dependency engine. All member functions are thread-safe and may be
+/// called from several frontend threads at once. Waits may not be called
+/// from inside a running node (InvalidArgument).
+class Engine {
+ public:
+  /// Starts the workers. Throws InvalidArgument on bad options.
+  explicit Engine(EngineOptions options = EngineOptions::from_env());
+  /// Blocks until every recorded node has run; errors nobody collected are
+  /// reported on stderr (a destructor cannot throw).
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  /// The process-wide engine, created on first use from the environment.
+  [[nodiscard]] static Engine& get();
+
+  /// A new variable. Non-blocking.
+  [[nodiscard]] Var new_var();
+
+  /// Records the deletion of `v`: it runs after every earlier access of `v`.
+  /// Any later use of `v` throws InvalidArgument. Non-blocking.
+  void delete_var(Var v);
+
+  /// Records one node reading `reads` and writing `writes` (a var in both is
+  /// a read-modify-write; duplicates coalesce) and returns without running
+  /// it, except under the naive policy, where it runs before push returns.
+  /// An exception from `fn` is not thrown here: it poisons `writes` and is
+  /// rethrown as OpError by the waits. Throws InvalidArgument (an empty
+  /// function, an unknown or deleted var), recording nothing.
+  void push(Function fn, std::span<const Var> reads, std::span<const Var> writes,
+            const PushOptions& options = {});
+  void push(Function fn, std::initializer_list<Var> reads, std::initializer_list<Var> writes,
+            const PushOptions& options = {}) {
+    push(std::move(fn), std::span<const Var>(reads.begin(), reads.size()),
+         std::span<const Var>(writes.begin(), writes.size()), options);
+  }
+
+  /// Blocks until the last write of `v` recorded so far is done, running
+  /// only its required subgraph (the calling thread helps). Throws OpError
+  /// if that write failed or was skipped, InvalidArgument on a bad var.
+  void wait_to_read(Var v);
+
+  /// As wait_to_read, and also waits for every read of `v` recorded since.
+  void wait_to_write(Var v);
+
+  /// Blocks until everything recorded before the call is done, helping to
+  /// run it. Throws OpError for the first failure no wait has reported yet.
+  void waitall();
+
+  [[nodiscard]] Policy policy() const noexcept;
+  [[nodiscard]] int num_threads() const noexcept;
+  [[nodiscard]] std::size_t max_pending() const noexcept;
+  [[nodiscard]] EngineStats stats() const;
+
+  /// The unfinished nodes and their dependency edges, in record order.
+  [[nodiscard]] std::vector<PendingNode> pending_nodes() const;
+
+ private:
+  std::unique_ptr<detail::EngineImpl> impl_;
+};
+
+}  // namespace lazydag::engine

@@ -1,0 +1,55 @@
+// The typed errors every lazydag layer throws; all derive from lazydag::Error.
+#pragma once
+
+#include <exception>
+#include <stdexcept>
+#include <string>
+
+namespace lazydag {
+
+/// Base of every error lazydag throws.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Bad input refused at the call site (unknown or deleted var, empty
+/// function, bad shape, dtype or axis); nothing was recorded.
+class InvalidArgument : public Error {
+ public:
+  using Error::Error;
+};
+
+/// Operands that live on different devices; nothing was recorded.
+class DeviceMismatch : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A device kind that this build or this machine cannot run.
+class BackendUnavailable : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A recorded op failed (or inherited the failure of an op it depends on).
+/// Thrown by the waits; carries the failing op's name and the original
+/// exception, which is also nested (std::rethrow_if_nested reaches it).
+class OpError : public Error, public std::nested_exception {
+ public:
+  OpError(std::string op_name, const std::string& cause_message, std::exception_ptr cause)
+      : Error("op '" + op_name + "' failed: " + cause_message),
+        op_name_(std::move(op_name)),
+        cause_(std::move(cause)) {}
+
+  /// Name of the op that threw (the one given in PushOptions::name).
+  [[nodiscard]] const std::string& op_name() const noexcept { return op_name_; }
+  /// The exception the op threw.
+  [[nodiscard]] std::exception_ptr cause() const noexcept { return cause_; }
+
+ private:
+  std::string op_name_;
+  std::exception_ptr cause_;
+};
+
+}  // namespace lazydag

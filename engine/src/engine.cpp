@@ -1,0 +1,938 @@
+// The dependency engine: recording nodes into a DAG of read/write vars, lazy
+// requests of required subgraphs, the oneTBB scheduler and the waits.
+//
+// Locking: one mutex (mu_) guards the whole graph: var states, node edges,
+// node states, the ready heap and the waiter table. It is held for O(read +
+// write set) work per push and per completion and never across user code:
+// node functions run, and their captures are destroyed, with mu_ released.
+// The only state touched outside mu_ is a var's `poison`, which is written by
+// the running writer and read by running readers; the DAG orders those
+// accesses and mu_'s hand-over on completion publishes them.
+#include <lazydag/engine/engine.hpp>
+
+#include <oneapi/tbb/global_control.h>
+#include <oneapi/tbb/info.h>
+#include <oneapi/tbb/task_arena.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <condition_variable>
+#include <cstdlib>
+#include <iostream>
+#include <limits>
+#include <mutex>
+#include <thread>
+
+#include "small_vector.hpp"
+
+namespace lazydag::engine {
+
+std::string_view to_string(Policy p) noexcept {
+  switch (p) {
+    case Policy::kLazy: return "lazy";
+    case Policy::kEager: return "eager";
+    case Policy::kNaive: return "naive";
+  }
+  return "unknown";
+}
+
+Policy parse_policy(std::string_view name) {
+  if (name == "lazy") return Policy::kLazy;
+  if (name == "eager") return Policy::kEager;
+  if (name == "naive") return Policy::kNaive;
+  throw InvalidArgument("unknown engine policy '" + std::string(name) +
+                        "' (expected lazy, eager or naive)");
+}
+
+std::string Device::str() const {
+  switch (kind) {
+    case DeviceKind::kCpu: return "cpu(" + std::to_string(id) + ")";
+  }
+  return "device(" + std::to_string(id) + ")";
+}
+
+namespace {
+
+std::size_t env_size(const char* name, std::size_t fallback, std::size_t max) {
+  const char* s = std::getenv(name);
+  if (s == nullptr || *s == '\0') return fallback;
+  std::string_view text(s);
+  std::size_t value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size() || value > max) {
+    throw InvalidArgument(std::string(name) + "='" + std::string(text) +
+                          "' is not an integer in [0, " + std::to_string(max) + "]");
+  }
+  return value;
+}
+
+}  // namespace
+
+EngineOptions EngineOptions::from_env() {
+  EngineOptions o;
+  if (const char* p = std::getenv("LAZYDAG_ENGINE"); p != nullptr && *p != '\0') {
+    o.policy = parse_policy(p);
+  }
+  o.num_threads = static_cast<int>(env_size("LAZYDAG_NUM_THREADS", 0, 1024));
+  o.max_pending = env_size("LAZYDAG_MAX_PENDING", o.max_pending,
+                           std::numeric_limits<std::uint32_t>::max());
+  return o;
+}
+
+namespace detail {
+
+struct Node;
+
+struct ErrorRecord {
+  std::string op_name;
+  std::exception_ptr cause;
+  std::uint64_t seq = 0;  // of the op that threw: waitall reports the oldest
+  bool reported = false;  // a wait has thrown it
+};
+using ErrorPtr = std::shared_ptr<ErrorRecord>;
+
+struct VarState {
+  Var handle;                     // generation 0 while never used
+  bool alive = false;             // false once its deletion is recorded
+  Node* last_writer = nullptr;    // holds a ref; kept after it finishes (its error)
+  SmallVector<Node*, 4> readers;  // reads since last_writer, one ref each
+  std::uint32_t prune_at = 8;     // readers.size() at which finished readers are dropped
+  std::uint32_t next_free = 0;    // index + 1 of the next free slot
+  ErrorPtr poison;                // see the file comment
+};
+
+enum class NodeState : std::uint8_t { kRecorded, kReady, kRunning, kDone };
+
+struct Node {
+  Function fn;
+  SmallVector<VarState*, 4> reads;   // every var read, read-modify-writes included
+  SmallVector<VarState*, 4> writes;
+  SmallVector<Node*, 4> succs;       // no refs: a successor is unfinished, hence alive
+  SmallVector<Node*, 4> preds;       // one ref each, dropped at completion
+  std::string name;
+  ErrorPtr error;  // set at completion when the node failed or was skipped
+  std::uint64_t seq = 0;
+  Device device;
+  int priority = 0;
+  std::uint32_t pending = 0;  // unfinished predecessors
+  std::uint32_t refs = 0;
+  std::uint32_t tag = 0;      // waiter slot + 1 that helps run it; 0 = none
+  std::uint32_t waiters = 0;  // waiters whose target this is
+  NodeState state = NodeState::kRecorded;
+  bool requested = false;
+  bool in_unrequested = false;
+  bool failed = false;          // its function threw
+  VarState* frees = nullptr;    // a delete node: the var slot to recycle
+  Node* live_prev = nullptr;    // unfinished nodes, in record order
+  Node* live_next = nullptr;
+  Node* unreq_prev = nullptr;   // recorded, not yet requested, in record order
+  Node* unreq_next = nullptr;
+  Node* free_next = nullptr;
+};
+
+enum class WaitMode : std::uint8_t { kNode, kAll, kThrottle };
+
+struct Waiter {
+  std::condition_variable cv;
+  WaitMode mode = WaitMode::kNode;
+  Node* target = nullptr;        // kNode
+  std::uint64_t all_before = 0;  // kAll: every node with a smaller seq
+  std::vector<Node*> help;       // kNode: ready nodes of its subgraph, one ref each
+  std::uint32_t tag = 0;
+  bool available = false;        // asleep (or about to look for work): hand it work
+};
+
+namespace {
+
+thread_local const EngineImpl* tls_running_engine = nullptr;
+
+// One process-wide raise of oneTBB's worker limit, never lowered: several
+// engines each see at least the workers they asked for.
+void ensure_tbb_workers(int workers) {
+  static std::mutex mu;
+  static std::unique_ptr<tbb::global_control> control;
+  static std::size_t current = 0;
+  std::lock_guard lk(mu);
+  auto wanted = static_cast<std::size_t>(workers) + 1;  // + the external slot
+  auto base = static_cast<std::size_t>(tbb::info::default_concurrency());
+  if (wanted <= base || wanted <= current) return;
+  auto next = std::make_unique<tbb::global_control>(
+      tbb::global_control::max_allowed_parallelism, wanted);
+  control = std::move(next);
+  current = wanted;
+}
+
+[[noreturn]] void throw_op_error(const ErrorRecord& e, std::size_t more) {
+  std::string suffix =
+      more == 0 ? std::string() : " (and " + std::to_string(more) + " more failed ops)";
+  // Rethrow the cause first so that OpError's nested_exception captures it.
+  try {
+    std::rethrow_exception(e.cause);
+  } catch (const std::exception& ex) {
+    throw OpError(e.op_name, ex.what() + suffix, e.cause);
+  } catch (...) {
+    throw OpError(e.op_name, "non-standard exception" + suffix, e.cause);
+  }
+}
+
+}  // namespace
+
+class EngineImpl {
+ public:
+  explicit EngineImpl(EngineOptions options);
+  ~EngineImpl();
+  EngineImpl(const EngineImpl&) = delete;
+  EngineImpl& operator=(const EngineImpl&) = delete;
+
+  Var new_var();
+  void delete_var(Var v);
+  void push(Function fn, std::span<const Var> reads, std::span<const Var> writes,
+            const PushOptions& options);
+  void wait_to_read(Var v);
+  void wait_to_write(Var v);
+  void waitall();
+  EngineStats stats() const;
+  std::vector<PendingNode> pending_nodes() const;
+
+  const EngineOptions options_;
+  const int num_threads_;
+
+ private:
+  using Lock = std::unique_lock<std::mutex>;
+  static constexpr std::uint32_t kVarChunk = 4096;
+  static constexpr std::uint32_t kNodeBlock = 256;
+
+  VarState& slot(std::uint32_t index) { return var_chunks_[index / kVarChunk][index % kVarChunk]; }
+  VarState* checked_var(Var v, std::string_view call, std::string_view op = {});
+  void check_not_in_op(std::string_view call) const;
+
+  Node* alloc_node();
+  void release(Node* n);
+  void add_edge(Node* pred, Node* n);
+  void link(Node* n, std::span<VarState* const> pure_reads, std::span<VarState* const> writes);
+  void record(Node* n);
+  void request(Node* n);
+  void request_subgraph(Node* target, Waiter& w);
+  void make_ready(Node* n);
+  Node* pop_ready();
+  Node* pop_help(Waiter& w);
+  void execute(Node* n, int worker);
+  void complete(Node* n);
+  void free_var(VarState* s);
+
+  std::uint32_t register_waiter(Waiter& w);
+  void unregister_waiter(Waiter& w);
+  template <class Done>
+  void help_until(Waiter& w, Lock& lk, Done done);
+  void wait_node(Node* target, Lock& lk);
+  void after_push(Node* n, Lock& lk);
+  void spawn_if_needed();
+  void flush_spawns(Lock& lk);
+  void runner();
+
+  mutable std::mutex mu_;
+  std::vector<std::unique_ptr<VarState[]>> var_chunks_;
+  std::uint32_t var_count_ = 0;
+  std::uint32_t var_free_ = 0;  // index + 1
+  std::vector<std::unique_ptr<Node[]>> node_blocks_;
+  Node* node_free_ = nullptr;
+  Node* live_head_ = nullptr;
+  Node* live_tail_ = nullptr;
+  std::size_t live_count_ = 0;
+  Node* unreq_head_ = nullptr;
+  Node* unreq_tail_ = nullptr;
+  std::size_t unreq_count_ = 0;
+  std::vector<Node*> ready_;  // heap by (priority desc, seq asc); one ref each
+  std::vector<Waiter*> waiters_;  // by tag - 1; null = free slot
+  std::size_t all_waiters_ = 0;
+  std::size_t throttle_waiters_ = 0;
+  std::vector<ErrorPtr> unreported_;
+  int active_runners_ = 0;
+  int spawn_ = 0;  // runners to enqueue once mu_ is released
+  int continuing_ = 0;  // during complete(): the completing thread pops one ready node itself
+  std::condition_variable runners_cv_;
+  std::uint64_t next_seq_ = 1;
+  EngineStats stats_;
+  std::vector<Node*> scratch_;  // traversal stack
+  std::unique_ptr<tbb::task_arena> arena_;
+};
+
+EngineImpl::EngineImpl(EngineOptions options)
+    : options_(options),
+      num_threads_(options.policy == Policy::kNaive ? 0
+                   : options.num_threads > 0
+                       ? options.num_threads
+                       : static_cast<int>(std::max(1U, std::thread::hardware_concurrency()))) {
+  if (options.num_threads < 0) {
+    throw InvalidArgument("EngineOptions::num_threads must be >= 0, got " +
+                          std::to_string(options.num_threads));
+  }
+  if (num_threads_ > 0) {
+    ensure_tbb_workers(num_threads_);
+    // No slot reserved for external threads: all num_threads_ slots are workers.
+    arena_ = std::make_unique<tbb::task_arena>(num_threads_, 0);
+    arena_->initialize();
+  }
+}
+
+EngineImpl::~EngineImpl() {
+  try {
+    waitall();
+  } catch (const std::exception& e) {
+    std::cerr << "lazydag: engine destroyed with an error no wait collected: " << e.what()
+              << '\n';
+  }
+  Lock lk(mu_);
+  runners_cv_.wait(lk, [&] { return active_runners_ == 0; });
+}
+
+// ---- vars ----------------------------------------------------------------
+
+// `call` names the API, `op` the node being pushed (if any); the message is
+// only built on failure, so the check costs nothing on the hot path.
+VarState* EngineImpl::checked_var(Var v, std::string_view call, std::string_view op) {
+  bool deleted = false;
+  if (v.valid() && v.index < var_count_) {
+    VarState& s = slot(v.index);
+    if (s.handle.generation == v.generation && s.alive) return &s;
+    deleted = v.generation <= s.handle.generation;
+  }
+  std::string where(call);
+  if (!op.empty()) where += " '" + std::string(op) + "'";
+  if (deleted) {
+    throw InvalidArgument(where + ": var #" + std::to_string(v.index) + " has been deleted");
+  }
+  throw InvalidArgument(where + ": unknown var (#" + std::to_string(v.index) + " generation " +
+                        std::to_string(v.generation) + " was never created by this engine)");
+}
+
+void EngineImpl::check_not_in_op(std::string_view call) const {
+  if (tls_running_engine == this) {
+    throw InvalidArgument(std::string(call) +
+                          " called from inside a running op of the same engine: it would "
+                          "wait for itself; record a dependent op instead");
+  }
+}
+
+Var EngineImpl::new_var() {
+  Lock lk(mu_);
+  std::uint32_t index = 0;
+  if (var_free_ != 0) {
+    index = var_free_ - 1;
+    var_free_ = slot(index).next_free;
+  } else {
+    if (var_count_ == std::numeric_limits<std::uint32_t>::max()) {
+      throw Error("new_var: out of var slots");
+    }
+    if (var_count_ % kVarChunk == 0) {
+      var_chunks_.push_back(std::make_unique<VarState[]>(kVarChunk));
+    }
+    index = var_count_++;
+  }
+  VarState& s = slot(index);
+  s.handle.index = index;
+  s.handle.generation = s.handle.generation == std::numeric_limits<std::uint32_t>::max()
+                            ? 1
+                            : s.handle.generation + 1;
+  s.alive = true;
+  return s.handle;
+}
+
+void EngineImpl::free_var(VarState* s) {
+  if (s->last_writer != nullptr) release(s->last_writer);
+  s->last_writer = nullptr;
+  for (Node* r : s->readers) release(r);
+  s->readers.shrink_if_large(64);
+  s->prune_at = 8;
+  s->poison.reset();
+  s->next_free = var_free_;
+  var_free_ = s->handle.index + 1;
+}
+
+// ---- nodes ---------------------------------------------------------------
+
+Node* EngineImpl::alloc_node() {
+  if (node_free_ == nullptr) {
+    auto block = std::make_unique<Node[]>(kNodeBlock);
+    for (std::uint32_t i = 0; i < kNodeBlock; ++i) {
+      block[i].free_next = node_free_;
+      node_free_ = &block[i];
+    }
+    node_blocks_.push_back(std::move(block));
+  }
+  Node* n = node_free_;
+  node_free_ = n->free_next;
+  return n;
+}
+
+void EngineImpl::release(Node* n) {
+  if (--n->refs != 0) return;
+  // Recycle. fn was reset when the node ran; edge lists were cleared at completion.
+  n->reads.shrink_if_large(16);
+  n->writes.shrink_if_large(16);
+  n->succs.shrink_if_large(64);
+  n->preds.shrink_if_large(64);
+  n->name.clear();
+  n->error.reset();
+  n->tag = 0;
+  n->waiters = 0;
+  n->state = NodeState::kRecorded;
+  n->requested = false;
+  n->failed = false;
+  n->frees = nullptr;
+  n->device = Device{};
+  n->priority = 0;
+  n->free_next = node_free_;
+  node_free_ = n;
+}
+
+void EngineImpl::add_edge(Node* pred, Node* n) {
+  if (pred->state == NodeState::kDone || n->preds.contains(pred)) return;
+  pred->succs.push_back(n);
+  n->preds.push_back(pred);
+  ++pred->refs;
+  ++n->pending;
+}
+
+void EngineImpl::link(Node* n, std::span<VarState* const> pure_reads,
+                      std::span<VarState* const> writes) {
+  for (VarState* s : pure_reads) {
+    if (s->last_writer != nullptr) add_edge(s->last_writer, n);  // read after write
+    if (s->readers.size() >= s->prune_at) {
+      // Drop finished readers so a var read forever does not grow forever.
+      std::uint32_t kept = 0;
+      for (Node* r : s->readers) {
+        if (r->state == NodeState::kDone) {
+          release(r);
+        } else {
+          s->readers[kept++] = r;
+        }
+      }
+      s->readers.resize_down(kept);
+      s->prune_at = std::max<std::uint32_t>(8, kept * 2);
+    }
+    s->readers.push_back(n);
+    ++n->refs;
+  }
+  for (VarState* s : writes) {
+    if (s->last_writer != nullptr) {
+      add_edge(s->last_writer, n);  // write after write
+      release(s->last_writer);
+    }
+    for (Node* r : s->readers) {
+      add_edge(r, n);  // write after read
+      release(r);
+    }
+    s->readers.clear();
+    s->prune_at = 8;
+    s->last_writer = n;
+    ++n->refs;
+  }
+}
+
+void EngineImpl::record(Node* n) {
+  n->seq = next_seq_++;
+  ++n->refs;  // held until completion
+  n->live_prev = live_tail_;
+  n->live_next = nullptr;
+  (live_tail_ != nullptr ? live_tail_->live_next : live_head_) = n;
+  live_tail_ = n;
+  ++live_count_;
+  ++stats_.nodes_recorded;
+  stats_.peak_unfinished = std::max(stats_.peak_unfinished, live_count_);
+  if (options_.policy == Policy::kLazy) {
+    n->in_unrequested = true;
+    n->unreq_prev = unreq_tail_;
+    n->unreq_next = nullptr;
+    (unreq_tail_ != nullptr ? unreq_tail_->unreq_next : unreq_head_) = n;
+    unreq_tail_ = n;
+    ++unreq_count_;
+  } else {
+    request(n);
+  }
+}
+
+void EngineImpl::request(Node* n) {
+  n->requested = true;
+  if (n->in_unrequested) {
+    n->in_unrequested = false;
+    (n->unreq_prev != nullptr ? n->unreq_prev->unreq_next : unreq_head_) = n->unreq_next;
+    (n->unreq_next != nullptr ? n->unreq_next->unreq_prev : unreq_tail_) = n->unreq_prev;
+    --unreq_count_;
+  }
+  if (n->pending == 0 && n->state == NodeState::kRecorded) make_ready(n);
+}
+
+// Requests and tags every unfinished ancestor of target, iteratively (a chain
+// of millions must not recurse). A node is tagged once, by the first waiter
+// that reaches it; at that point all its unfinished ancestors get tagged too
+// (edges only point from older to newer nodes), so a later traversal stops at
+// any tagged node and every node is visited O(1) times over the engine's life.
+void EngineImpl::request_subgraph(Node* target, Waiter& w) {
+  scratch_.clear();
+  scratch_.push_back(target);
+  while (!scratch_.empty()) {
+    Node* n = scratch_.back();
+    scratch_.pop_back();
+    if (n->state == NodeState::kDone || n->tag != 0) continue;
+    n->tag = w.tag;
+    if (!n->requested) {
+      request(n);  // make_ready hands it to w when it is ready
+    } else if (n->state == NodeState::kReady) {
+      w.help.push_back(n);
+      ++n->refs;
+    }
+    for (Node* p : n->preds) {
+      if (p->state != NodeState::kDone && p->tag == 0) scratch_.push_back(p);
+    }
+  }
+}
+
+namespace {
+// Heap order: higher priority first, then older first.
+bool runs_later(const Node* a, const Node* b) {
+  return a->priority != b->priority ? a->priority < b->priority : a->seq > b->seq;
+}
+}  // namespace
+
+// A ready node goes to the waiter that tagged it when that waiter is free to
+// run it next (then only there: no worker is woken for it); otherwise onto the
+// heap for the workers, and also to a busy tagging waiter, whichever is first.
+void EngineImpl::make_ready(Node* n) {
+  n->state = NodeState::kReady;
+  if (n->tag != 0) {
+    Waiter* w = waiters_[n->tag - 1];
+    if (w != nullptr && w->mode == WaitMode::kNode) {
+      w->help.push_back(n);
+      ++n->refs;
+      if (w->available) {
+        w->available = false;
+        w->cv.notify_one();
+        return;
+      }
+    }
+  }
+  ready_.push_back(n);
+  std::push_heap(ready_.begin(), ready_.end(), runs_later);
+  ++n->refs;
+  if (all_waiters_ + throttle_waiters_ != 0) {
+    for (Waiter* w : waiters_) {
+      if (w != nullptr && w->mode != WaitMode::kNode && w->available) {
+        w->available = false;
+        w->cv.notify_one();
+        return;
+      }
+    }
+  }
+  spawn_if_needed();
+}
+
+void EngineImpl::spawn_if_needed() {
+  if (continuing_ > 0) {
+    --continuing_;  // the thread completing a node takes this one next
+    return;
+  }
+  if (active_runners_ < num_threads_) {
+    ++active_runners_;
+    ++spawn_;
+  }
+}
+
+Node* EngineImpl::pop_ready() {
+  while (!ready_.empty()) {
+    std::pop_heap(ready_.begin(), ready_.end(), runs_later);
+    Node* n = ready_.back();
+    ready_.pop_back();
+    if (n->state == NodeState::kReady) {
+      n->state = NodeState::kRunning;
+      return n;  // the heap's ref passes to the caller
+    }
+    release(n);  // claimed by a waiter already
+  }
+  return nullptr;
+}
+
+Node* EngineImpl::pop_help(Waiter& w) {
+  while (!w.help.empty()) {
+    Node* n = w.help.back();
+    w.help.pop_back();
+    if (n->state == NodeState::kReady) {
+      n->state = NodeState::kRunning;
+      return n;
+    }
+    release(n);
+  }
+  return nullptr;
+}
+
+void EngineImpl::execute(Node* n, int worker) {
+  ErrorPtr err;
+  for (VarState* v : n->reads) {
+    if (v->poison) {
+      err = v->poison;  // skipped: inherits the failure
+      break;
+    }
+  }
+  bool failed = false;
+  if (!err) {
+    const EngineImpl* outer = tls_running_engine;
+    tls_running_engine = this;
+    try {
+      n->fn(RunContext{n->device, nullptr, worker});
+    } catch (...) {
+      err = std::make_shared<ErrorRecord>(
+          ErrorRecord{n->name, std::current_exception(), n->seq, false});
+      failed = true;
+    }
+    tls_running_engine = outer;
+  }
+  for (VarState* v : n->writes) v->poison = err;  // a successful write clears it
+  n->fn.reset();  // captures die here, outside mu_: their destructors may record
+  n->error = std::move(err);
+  n->failed = failed;
+}
+
+void EngineImpl::complete(Node* n) {
+  n->state = NodeState::kDone;
+  if (n->failed) {
+    ++stats_.nodes_run;
+    ++stats_.nodes_failed;
+    unreported_.push_back(n->error);
+  } else if (n->error) {
+    ++stats_.nodes_skipped;
+  } else {
+    ++stats_.nodes_run;
+  }
+  (n->live_prev != nullptr ? n->live_prev->live_next : live_head_) = n->live_next;
+  (n->live_next != nullptr ? n->live_next->live_prev : live_tail_) = n->live_prev;
+  --live_count_;
+  for (Node* s : n->succs) {
+    if (--s->pending == 0 && s->requested) make_ready(s);
+  }
+  n->succs.clear();
+  for (Node* p : n->preds) release(p);
+  n->preds.clear();
+  if (n->frees != nullptr) free_var(n->frees);
+  if (n->waiters != 0) {
+    for (Waiter* w : waiters_) {
+      if (w != nullptr && w->target == n) w->cv.notify_one();
+    }
+  }
+  if (all_waiters_ != 0) {
+    for (Waiter* w : waiters_) {
+      if (w != nullptr && w->mode == WaitMode::kAll &&
+          (live_head_ == nullptr || live_head_->seq >= w->all_before)) {
+        w->cv.notify_one();
+      }
+    }
+  }
+  if (throttle_waiters_ != 0 && live_count_ <= options_.max_pending) {
+    for (Waiter* w : waiters_) {
+      if (w != nullptr && w->mode == WaitMode::kThrottle) w->cv.notify_one();
+    }
+  }
+  release(n);  // the executor's ref
+  release(n);  // the unfinished ref
+}
+
+// ---- scheduling ----------------------------------------------------------
+
+void EngineImpl::flush_spawns(Lock& lk) {
+  if (spawn_ == 0) return;
+  int n = spawn_;
+  spawn_ = 0;
+  lk.unlock();
+  for (int i = 0; i < n; ++i) arena_->enqueue([this] { runner(); });
+  lk.lock();
+}
+
+void EngineImpl::runner() {
+  const int worker = tbb::this_task_arena::current_thread_index();
+  Lock lk(mu_);
+  for (;;) {
+    Node* n = pop_ready();
+    if (n == nullptr) break;
+    lk.unlock();
+    execute(n, worker);
+    lk.lock();
+    continuing_ = 1;
+    complete(n);
+    continuing_ = 0;
+    flush_spawns(lk);
+  }
+  --active_runners_;
+  if (active_runners_ == 0) runners_cv_.notify_all();
+}
+
+std::uint32_t EngineImpl::register_waiter(Waiter& w) {
+  auto it = std::find(waiters_.begin(), waiters_.end(), nullptr);
+  if (it == waiters_.end()) it = waiters_.insert(it, nullptr);
+  *it = &w;
+  w.tag = static_cast<std::uint32_t>(it - waiters_.begin()) + 1;
+  if (w.mode == WaitMode::kAll) ++all_waiters_;
+  if (w.mode == WaitMode::kThrottle) ++throttle_waiters_;
+  return w.tag;
+}
+
+void EngineImpl::unregister_waiter(Waiter& w) {
+  waiters_[w.tag - 1] = nullptr;
+  if (w.mode == WaitMode::kAll) --all_waiters_;
+  if (w.mode == WaitMode::kThrottle) --throttle_waiters_;
+  for (Node* n : w.help) release(n);
+  w.help.clear();
+  // Work may have been handed to this waiter instead of a worker just as it
+  // finished: make sure the ready heap has runners.
+  for (std::size_t i = 0; i < ready_.size() && active_runners_ < num_threads_; ++i) {
+    spawn_if_needed();
+  }
+}
+
+template <class Done>
+void EngineImpl::help_until(Waiter& w, Lock& lk, Done done) {
+  for (;;) {
+    if (done()) return;
+    Node* n = w.mode == WaitMode::kNode ? pop_help(w) : pop_ready();
+    if (n != nullptr) {
+      flush_spawns(lk);
+      lk.unlock();
+      execute(n, -1);
+      lk.lock();
+      // This thread looks for work right after: the first node made ready
+      // for it is not given to a worker.
+      if (w.mode == WaitMode::kNode) {
+        w.available = true;
+      } else {
+        continuing_ = 1;
+      }
+      complete(n);
+      w.available = false;
+      continuing_ = 0;
+      continue;
+    }
+    flush_spawns(lk);
+    if (done()) return;
+    w.available = true;
+    w.cv.wait(lk);
+    w.available = false;
+  }
+}
+
+void EngineImpl::wait_node(Node* target, Lock& lk) {
+  if (target->state == NodeState::kDone) return;
+  Waiter w;
+  w.mode = WaitMode::kNode;
+  w.target = target;
+  register_waiter(w);
+  ++target->waiters;
+  w.available = true;  // while traversing: the first ready node goes to us
+  request_subgraph(target, w);
+  w.available = false;
+  help_until(w, lk, [&] { return target->state == NodeState::kDone; });
+  --target->waiters;
+  unregister_waiter(w);
+}
+
+// ---- public operations ---------------------------------------------------
+
+void EngineImpl::after_push(Node* n, Lock& lk) {
+  if (options_.policy == Policy::kNaive) {
+    if (tls_running_engine != this) {
+      ++n->refs;
+      wait_node(n, lk);
+      release(n);
+    }
+  } else if (options_.max_pending != 0) {
+    // The pending window: start the oldest recorded work when the frontend
+    // records far ahead, then stall a frontend that outruns the workers.
+    while (unreq_count_ > options_.max_pending) request(unreq_head_);
+    if (live_count_ > 2 * options_.max_pending && tls_running_engine != this) {
+      Waiter w;
+      w.mode = WaitMode::kThrottle;
+      register_waiter(w);
+      help_until(w, lk, [&] { return live_count_ <= options_.max_pending; });
+      unregister_waiter(w);
+    }
+  }
+  flush_spawns(lk);
+}
+
+void EngineImpl::push(Function fn, std::span<const Var> reads, std::span<const Var> writes,
+                      const PushOptions& options) {
+  std::string_view name = options.name.empty() ? std::string_view("op") : options.name;
+  if (!fn) throw InvalidArgument("push '" + std::string(name) + "': empty function");
+  if (options.device.kind != DeviceKind::kCpu || options.device.id != 0) {
+    throw BackendUnavailable("push '" + std::string(name) + "': device " +
+                             options.device.str() + " does not exist in this engine");
+  }
+  Lock lk(mu_);
+  // Validate everything before touching the graph: bad input records nothing.
+  SmallVector<VarState*, 8> ws;
+  SmallVector<VarState*, 8> rs;
+  SmallVector<VarState*, 8> pure_reads;
+  for (Var v : writes) {
+    VarState* s = checked_var(v, "push (write set) of", name);
+    if (!ws.contains(s)) ws.push_back(s);
+  }
+  for (Var v : reads) {
+    VarState* s = checked_var(v, "push (read set) of", name);
+    if (rs.contains(s)) continue;
+    rs.push_back(s);
+    if (!ws.contains(s)) pure_reads.push_back(s);
+  }
+  Node* n = alloc_node();
+  n->fn = std::move(fn);
+  n->name.assign(name);
+  n->device = options.device;
+  n->priority = options.priority;
+  n->pending = 0;
+  for (VarState* s : rs) n->reads.push_back(s);
+  for (VarState* s : ws) n->writes.push_back(s);
+  link(n, std::span<VarState* const>(pure_reads.begin(), pure_reads.size()),
+       std::span<VarState* const>(ws.begin(), ws.size()));
+  record(n);
+  after_push(n, lk);
+}
+
+void EngineImpl::delete_var(Var v) {
+  Lock lk(mu_);
+  VarState* s = checked_var(v, "delete_var");
+  s->alive = false;  // every later use is refused from now on
+  Node* n = alloc_node();
+  n->fn = Function([](const RunContext&) {});
+  n->name.assign("delete_var");
+  n->frees = s;
+  n->pending = 0;
+  n->writes.push_back(s);
+  VarState* const ws[] = {s};
+  link(n, {}, ws);
+  record(n);
+  after_push(n, lk);
+}
+
+void EngineImpl::wait_to_read(Var v) {
+  check_not_in_op("wait_to_read");
+  Lock lk(mu_);
+  VarState* s = checked_var(v, "wait_to_read");
+  ++stats_.blocking_waits;
+  Node* t = s->last_writer;
+  if (t == nullptr) return;
+  ++t->refs;
+  wait_node(t, lk);
+  ErrorPtr e = t->error;
+  release(t);
+  flush_spawns(lk);
+  if (e) {
+    e->reported = true;
+    lk.unlock();
+    throw_op_error(*e, 0);
+  }
+}
+
+void EngineImpl::wait_to_write(Var v) {
+  check_not_in_op("wait_to_write");
+  Lock lk(mu_);
+  VarState* s = checked_var(v, "wait_to_write");
+  ++stats_.blocking_waits;
+  Node* writer = s->last_writer;
+  std::vector<Node*> targets;
+  if (writer != nullptr) targets.push_back(writer);
+  for (Node* r : s->readers) {
+    if (r->state != NodeState::kDone) targets.push_back(r);
+  }
+  for (Node* t : targets) ++t->refs;
+  for (Node* t : targets) wait_node(t, lk);
+  ErrorPtr e = writer != nullptr ? writer->error : nullptr;
+  for (Node* t : targets) release(t);
+  flush_spawns(lk);
+  if (e) {
+    e->reported = true;
+    lk.unlock();
+    throw_op_error(*e, 0);
+  }
+}
+
+void EngineImpl::waitall() {
+  check_not_in_op("waitall");
+  Lock lk(mu_);
+  ++stats_.blocking_waits;
+  Waiter w;
+  w.mode = WaitMode::kAll;
+  w.all_before = next_seq_;
+  register_waiter(w);
+  while (unreq_head_ != nullptr) request(unreq_head_);
+  help_until(w, lk, [&] { return live_head_ == nullptr || live_head_->seq >= w.all_before; });
+  unregister_waiter(w);
+  flush_spawns(lk);
+  // Report the oldest failure no wait has reported (deterministic across policies).
+  ErrorPtr first;
+  std::size_t count = 0;
+  for (ErrorPtr& e : unreported_) {
+    if (e->reported) continue;
+    ++count;
+    if (!first || e->seq < first->seq) first = e;
+    e->reported = true;
+  }
+  unreported_.clear();
+  if (first) {
+    lk.unlock();
+    throw_op_error(*first, count - 1);
+  }
+}
+
+EngineStats EngineImpl::stats() const {
+  std::lock_guard lk(mu_);
+  EngineStats s = stats_;
+  s.unfinished = live_count_;
+  return s;
+}
+
+std::vector<PendingNode> EngineImpl::pending_nodes() const {
+  std::lock_guard lk(mu_);
+  std::vector<PendingNode> out;
+  out.reserve(live_count_);
+  for (const Node* n = live_head_; n != nullptr; n = n->live_next) {
+    PendingNode p;
+    p.id = n->seq;
+    p.name = n->name;
+    p.device = n->device;
+    p.priority = n->priority;
+    p.requested = n->requested;
+    for (const Node* q : n->preds) {
+      if (q->state != NodeState::kDone) p.preds.push_back(q->seq);
+    }
+    for (const VarState* v : n->reads) p.reads.push_back(v->handle);
+    for (const VarState* v : n->writes) p.writes.push_back(v->handle);
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+}  // namespace detail
+
+// ---- Engine: the public facade ---------------------------------------------
+
+Engine::Engine(EngineOptions options) : impl_(std::make_unique<detail::EngineImpl>(options)) {}
+Engine::~Engine() = default;
+
+Engine& Engine::get() {
+  static Engine engine;
+  return engine;
+}
+
+Var Engine::new_var() { return impl_->new_var(); }
+void Engine::delete_var(Var v) { impl_->delete_var(v); }
+void Engine::push(Function fn, std::span<const Var> reads, std::span<const Var> writes,
+                  const PushOptions& options) {
+  impl_->push(std::move(fn), reads, writes, options);
+}
+void Engine::wait_to_read(Var v) { impl_->wait_to_read(v); }
+void Engine::wait_to_write(Var v) { impl_->wait_to_write(v); }
+void Engine::waitall() { impl_->waitall(); }
+Policy Engine::policy() const noexcept { return impl_->options_.policy; }
+int Engine::num_threads() const noexcept { return impl_->num_threads_; }
+std::size_t Engine::max_pending() const noexcept { return impl_->options_.max_pending; }
+EngineStats Engine::stats() const { return impl_->stats(); }
+std::vector<PendingNode> Engine::pending_nodes() const { return impl_->pending_nodes(); }
+
+}  // namespace lazydag::engine

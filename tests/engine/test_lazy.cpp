@@ -1,0 +1,225 @@
+// Laziness and the waits: required subgraphs only, waitall, long chains,
+// the pending window, wait_to_write, engine lifetime and options.
+#include <doctest/doctest.h>
+
+#include <lazydag/engine/engine.hpp>
+
+#include <atomic>
+#include <cstdlib>
+#include <thread>
+
+#include "support.hpp"
+
+using namespace lazydag;
+using namespace lazydag::engine;
+using lazydag::test::all_configs;
+
+TEST_SUITE("engine") {
+  TEST_CASE("Lazy.WaitToReadRunsOnlyTheRequiredSubgraph" * doctest::timeout(120)) {
+    for (const auto& cfg : all_configs()) {
+      if (cfg.policy == Policy::kNaive) continue;  // naive runs each op inside push
+      CAPTURE(cfg.str());
+      Engine eng(cfg.options());
+      Var x = eng.new_var();
+      Var a = eng.new_var();
+      Var y = eng.new_var();
+      test::Gate gate;
+      std::atomic<bool> unrelated_started{false};
+      eng.push(
+          [&](const RunContext&) {
+            unrelated_started = true;
+            REQUIRE(gate.wait());
+          },
+          {}, {x}, {.name = "parked"});
+      int av = 0;
+      int yv = 0;
+      eng.push([&](const RunContext&) { av = 20; }, {}, {a}, {.name = "a"});
+      eng.push([&](const RunContext&) { yv = av + 1; }, {a}, {y}, {.name = "y"});
+      eng.wait_to_read(y);  // must return although "parked" never finishes
+      CHECK(yv == 21);
+      if (cfg.policy == Policy::kLazy) {
+        CHECK_FALSE(unrelated_started.load());
+        CHECK(eng.stats().unfinished == 1);
+      }
+      gate.open();
+      eng.waitall();
+      CHECK(unrelated_started.load());
+    }
+  }
+
+  TEST_CASE("Lazy.WaitallRunsWorkNobodyReads" * doctest::timeout(60)) {
+    for (const auto& cfg : all_configs()) {
+      CAPTURE(cfg.str());
+      Engine eng(cfg.options());
+      std::atomic<int> ran{0};
+      std::vector<Var> vars;
+      for (int i = 0; i < 100; ++i) {
+        vars.push_back(eng.new_var());
+        eng.push([&](const RunContext&) { ran.fetch_add(1); }, {}, {vars.back()});
+      }
+      for (int i = 1; i < 100; ++i) {
+        eng.push([&](const RunContext&) { ran.fetch_add(1); }, {vars[i - 1]}, {vars[i]});
+      }
+      eng.waitall();
+      CHECK(ran.load() == 199);
+      CHECK(eng.stats().unfinished == 0);
+      CHECK(eng.stats().nodes_run == 199);
+    }
+  }
+
+  TEST_CASE("Lazy.MillionNodeChainResolvesWithoutRecursion" * doctest::timeout(120)) {
+    // Every policy: lazy keeps the whole chain pending (unbounded window), so
+    // the request walks a million predecessors iteratively.
+    for (Policy p : {Policy::kLazy, Policy::kEager, Policy::kNaive}) {
+      CAPTURE(to_string(p));
+      EngineOptions o;
+      o.policy = p;
+      o.num_threads = 2;
+      o.max_pending = 0;
+      Engine eng(o);
+      Var v = eng.new_var();
+      std::uint64_t value = 0;
+      constexpr int kChain = 1'000'000;
+      for (int i = 0; i < kChain; ++i) {
+        eng.push([&value](const RunContext&) { ++value; }, {v}, {v}, {.name = "inc"});
+      }
+      if (p == Policy::kLazy) CHECK(eng.stats().unfinished == kChain);
+      eng.wait_to_read(v);
+      CHECK(value == kChain);
+    }
+  }
+
+  TEST_CASE("Lazy.PendingWindowStartsTheOldestWork" * doctest::timeout(60)) {
+    EngineOptions o;
+    o.policy = Policy::kLazy;
+    o.num_threads = 2;
+    o.max_pending = 64;
+    Engine eng(o);
+    std::atomic<int> ran{0};
+    std::vector<Var> vars;
+    for (int i = 0; i < 1000; ++i) {
+      vars.push_back(eng.new_var());
+      eng.push([&](const RunContext&) { ran.fetch_add(1); }, {}, {vars.back()});
+    }
+    // Beyond the window the oldest nodes were started without any wait.
+    CHECK(test::spin_until([&] { return ran.load() >= 1000 - 64; }));
+    auto pending = eng.pending_nodes();
+    std::size_t unrequested = 0;
+    for (const auto& n : pending) unrequested += n.requested ? 0 : 1;
+    CHECK(unrequested <= 64);
+    CHECK(eng.stats().peak_unfinished <= 2 * 64 + 1);
+    eng.waitall();
+    CHECK(ran.load() == 1000);
+  }
+
+  TEST_CASE("Lazy.WaitToWriteWaitsForPendingReads" * doctest::timeout(60)) {
+    for (const auto& cfg : all_configs()) {
+      CAPTURE(cfg.str());
+      Engine eng(cfg.options());
+      Var v = eng.new_var();
+      std::atomic<int> reads_done{0};
+      eng.push([](const RunContext&) {}, {}, {v}, {.name = "init"});
+      for (int i = 0; i < 16; ++i) {
+        Var sink = eng.new_var();
+        eng.push([&](const RunContext&) { reads_done.fetch_add(1); }, {v}, {sink},
+                 {.name = "reader"});
+      }
+      eng.wait_to_write(v);
+      CHECK(reads_done.load() == 16);
+      eng.waitall();
+    }
+  }
+
+  TEST_CASE("Lazy.WaitOnAFreshVarDoesNotDependOnUnrelatedWork" * doctest::timeout(60)) {
+    EngineOptions o;
+    o.policy = Policy::kLazy;
+    o.num_threads = 1;
+    o.max_pending = 0;
+    Engine eng(o);
+    Var x = eng.new_var();
+    for (int i = 0; i < 100000; ++i) eng.push([](const RunContext&) {}, {x}, {x});
+    Var fresh = eng.new_var();
+    eng.wait_to_read(fresh);  // nothing written: returns at once, runs nothing
+    CHECK(eng.stats().nodes_run == 0);
+    eng.waitall();
+    CHECK(eng.stats().nodes_run == 100000);
+  }
+
+  TEST_CASE("Lazy.DestroyingAnEngineRunsWhatWasRecorded" * doctest::timeout(60)) {
+    for (const auto& cfg : all_configs()) {
+      CAPTURE(cfg.str());
+      std::atomic<int> ran{0};
+      {
+        Engine eng(cfg.options());
+        Var v = eng.new_var();
+        for (int i = 0; i < 500; ++i) {
+          eng.push([&](const RunContext&) { ran.fetch_add(1); }, {v}, {v});
+        }
+      }
+      CHECK(ran.load() == 500);
+    }
+  }
+
+  TEST_CASE("Lazy.DeleteVarRunsAfterEveryEarlierAccess" * doctest::timeout(60)) {
+    for (const auto& cfg : all_configs()) {
+      CAPTURE(cfg.str());
+      Engine eng(cfg.options());
+      Var v = eng.new_var();
+      Var out = eng.new_var();
+      auto storage = std::make_shared<std::vector<int>>(1000, 3);
+      std::weak_ptr<std::vector<int>> alive = storage;
+      int sum = 0;
+      eng.push(
+          [storage](const RunContext&) {
+            for (int& x : *storage) x += 1;
+          },
+          {v}, {v});
+      eng.push(
+          [storage, &sum](const RunContext&) {
+            for (int x : *storage) sum += x;
+          },
+          {v}, {out});
+      storage.reset();
+      eng.delete_var(v);
+      CHECK_THROWS_AS(eng.push([](const RunContext&) {}, {v}, {}), InvalidArgument);
+      eng.wait_to_read(out);
+      CHECK(sum == 4000);
+      eng.waitall();
+      CHECK(alive.expired());  // captures are released once their node ran
+      // The slot is reused with a new generation; the old handle stays dead.
+      Var w = eng.new_var();
+      CHECK_THROWS_AS(eng.wait_to_read(v), InvalidArgument);
+      eng.push([](const RunContext&) {}, {}, {w});
+      eng.waitall();
+    }
+  }
+
+  TEST_CASE("Lazy.DefaultEngineAndOptionsFromEnvironment" * doctest::timeout(60)) {
+    Engine& e = Engine::get();
+    CHECK(&e == &Engine::get());
+    Var v = e.new_var();
+    int x = 0;
+    e.push([&](const RunContext&) { x = 5; }, {}, {v});
+    e.wait_to_read(v);
+    CHECK(x == 5);
+    e.delete_var(v);
+
+    ::setenv("LAZYDAG_ENGINE", "eager", 1);
+    ::setenv("LAZYDAG_NUM_THREADS", "3", 1);
+    ::setenv("LAZYDAG_MAX_PENDING", "77", 1);
+    EngineOptions o = EngineOptions::from_env();
+    CHECK(o.policy == Policy::kEager);
+    CHECK(o.num_threads == 3);
+    CHECK(o.max_pending == 77);
+    Engine custom(o);
+    CHECK(custom.num_threads() == 3);
+    ::setenv("LAZYDAG_ENGINE", "fast", 1);
+    CHECK_THROWS_AS((void)EngineOptions::from_env(), InvalidArgument);
+    ::setenv("LAZYDAG_ENGINE", "lazy", 1);
+    ::setenv("LAZYDAG_NUM_THREADS", "two", 1);
+    CHECK_THROWS_AS((void)EngineOptions::from_env(), InvalidArgument);
+    ::unsetenv("LAZYDAG_ENGINE");
+    ::unsetenv("LAZYDAG_NUM_THREADS");
+    ::unsetenv("LAZYDAG_MAX_PENDING");
+  }
+}

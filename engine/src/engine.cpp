@@ -24,6 +24,7 @@
 #include <mutex>
 #include <thread>
 
+#include "graph_mutex.hpp"
 #include "small_vector.hpp"
 
 namespace lazydag::engine {
@@ -131,10 +132,22 @@ struct Node {
   Node* free_next = nullptr;
 };
 
+// A ready-heap entry keeps its sort key inline: heap sifts compare contiguous
+// entries instead of chasing node pointers.
+struct ReadyEntry {
+  int priority;
+  std::uint64_t seq;
+  Node* node;
+};
+// Heap order: higher priority first, then older first.
+inline bool runs_later(const ReadyEntry& a, const ReadyEntry& b) {
+  return a.priority != b.priority ? a.priority < b.priority : a.seq > b.seq;
+}
+
 enum class WaitMode : std::uint8_t { kNode, kAll, kThrottle };
 
 struct Waiter {
-  std::condition_variable cv;
+  std::condition_variable_any cv;
   WaitMode mode = WaitMode::kNode;
   Node* target = nullptr;        // kNode
   std::uint64_t all_before = 0;  // kAll: every node with a smaller seq
@@ -199,9 +212,10 @@ class EngineImpl {
   const int num_threads_;
 
  private:
-  using Lock = std::unique_lock<std::mutex>;
+  using Lock = std::unique_lock<GraphMutex>;
   static constexpr std::uint32_t kVarChunk = 4096;
   static constexpr std::uint32_t kNodeBlock = 256;
+  static constexpr std::uint32_t kMaxBatch = 16;
 
   VarState& slot(std::uint32_t index) { return var_chunks_[index / kVarChunk][index % kVarChunk]; }
   VarState* checked_var(Var v, std::string_view call, std::string_view op = {});
@@ -217,6 +231,8 @@ class EngineImpl {
   void make_ready(Node* n);
   Node* pop_ready();
   Node* pop_help(Waiter& w);
+  std::uint32_t pop_batch(Node** out);
+  void run_batch(Node** batch, std::uint32_t k, int worker, Lock& lk);
   void execute(Node* n, int worker);
   void complete(Node* n);
   void free_var(VarState* s);
@@ -231,7 +247,7 @@ class EngineImpl {
   void flush_spawns(Lock& lk);
   void runner();
 
-  mutable std::mutex mu_;
+  mutable GraphMutex mu_;
   std::vector<std::unique_ptr<VarState[]>> var_chunks_;
   std::uint32_t var_count_ = 0;
   std::uint32_t var_free_ = 0;  // index + 1
@@ -243,7 +259,7 @@ class EngineImpl {
   Node* unreq_head_ = nullptr;
   Node* unreq_tail_ = nullptr;
   std::size_t unreq_count_ = 0;
-  std::vector<Node*> ready_;  // heap by (priority desc, seq asc); one ref each
+  std::vector<ReadyEntry> ready_;  // heap by (priority desc, seq asc); one ref each
   std::vector<Waiter*> waiters_;  // by tag - 1; null = free slot
   std::size_t all_waiters_ = 0;
   std::size_t throttle_waiters_ = 0;
@@ -251,7 +267,7 @@ class EngineImpl {
   int active_runners_ = 0;
   int spawn_ = 0;  // runners to enqueue once mu_ is released
   int continuing_ = 0;  // during complete(): the completing thread pops one ready node itself
-  std::condition_variable runners_cv_;
+  std::condition_variable_any runners_cv_;
   std::uint64_t next_seq_ = 1;
   EngineStats stats_;
   std::vector<Node*> scratch_;  // traversal stack
@@ -489,12 +505,6 @@ void EngineImpl::request_subgraph(Node* target, Waiter& w) {
   }
 }
 
-namespace {
-// Heap order: higher priority first, then older first.
-bool runs_later(const Node* a, const Node* b) {
-  return a->priority != b->priority ? a->priority < b->priority : a->seq > b->seq;
-}
-}  // namespace
 
 // A ready node goes to the waiter that tagged it when that waiter is free to
 // run it next (then only there: no worker is woken for it); otherwise onto the
@@ -513,7 +523,7 @@ void EngineImpl::make_ready(Node* n) {
       }
     }
   }
-  ready_.push_back(n);
+  ready_.push_back(ReadyEntry{n->priority, n->seq, n});
   std::push_heap(ready_.begin(), ready_.end(), runs_later);
   ++n->refs;
   if (all_waiters_ + throttle_waiters_ != 0) {
@@ -542,7 +552,7 @@ void EngineImpl::spawn_if_needed() {
 Node* EngineImpl::pop_ready() {
   while (!ready_.empty()) {
     std::pop_heap(ready_.begin(), ready_.end(), runs_later);
-    Node* n = ready_.back();
+    Node* n = ready_.back().node;
     ready_.pop_back();
     if (n->state == NodeState::kReady) {
       n->state = NodeState::kRunning;
@@ -647,19 +657,42 @@ void EngineImpl::flush_spawns(Lock& lk) {
   lk.lock();
 }
 
-void EngineImpl::runner() {
-  const int worker = tbb::this_task_arena::current_thread_index();
-  Lock lk(mu_);
-  for (;;) {
+// Takes several ready nodes at once when many are ready, so that a thread
+// takes mu_ once per batch rather than once per node. The batch is at most a
+// half share of the heap among the executors (workers + one helping
+// frontend), so the other threads always find work; one node at a time when
+// few are ready (a dependent chain keeps its latency).
+std::uint32_t EngineImpl::pop_batch(Node** out) {
+  const std::size_t share =
+      std::max<std::size_t>(1, ready_.size() / (2 * static_cast<std::size_t>(num_threads_ + 1)));
+  const auto limit = static_cast<std::uint32_t>(std::min<std::size_t>(kMaxBatch, share));
+  std::uint32_t k = 0;
+  while (k < limit) {
     Node* n = pop_ready();
     if (n == nullptr) break;
-    lk.unlock();
-    execute(n, worker);
-    lk.lock();
-    continuing_ = 1;
-    complete(n);
-    continuing_ = 0;
-    flush_spawns(lk);
+    out[k++] = n;
+  }
+  return k;
+}
+
+void EngineImpl::run_batch(Node** batch, std::uint32_t k, int worker, Lock& lk) {
+  lk.unlock();
+  for (std::uint32_t i = 0; i < k; ++i) execute(batch[i], worker);
+  lk.lock();
+  continuing_ = 1;  // this thread pops again right after: no worker for one node
+  for (std::uint32_t i = 0; i < k; ++i) complete(batch[i]);
+  continuing_ = 0;
+  flush_spawns(lk);
+}
+
+void EngineImpl::runner() {
+  const int worker = tbb::this_task_arena::current_thread_index();
+  Node* batch[kMaxBatch];
+  Lock lk(mu_);
+  for (;;) {
+    std::uint32_t k = pop_batch(batch);
+    if (k == 0) break;
+    run_batch(batch, k, worker, lk);
   }
   --active_runners_;
   if (active_runners_ == 0) runners_cv_.notify_all();
@@ -692,23 +725,26 @@ template <class Done>
 void EngineImpl::help_until(Waiter& w, Lock& lk, Done done) {
   for (;;) {
     if (done()) return;
-    Node* n = w.mode == WaitMode::kNode ? pop_help(w) : pop_ready();
-    if (n != nullptr) {
-      flush_spawns(lk);
-      lk.unlock();
-      execute(n, -1);
-      lk.lock();
-      // This thread looks for work right after: the first node made ready
-      // for it is not given to a worker.
-      if (w.mode == WaitMode::kNode) {
+    if (w.mode == WaitMode::kNode) {
+      if (Node* n = pop_help(w); n != nullptr) {
+        flush_spawns(lk);
+        lk.unlock();
+        execute(n, -1);
+        lk.lock();
+        // This thread looks at its help list right after: the first node
+        // of its subgraph made ready here is not given to a worker.
         w.available = true;
-      } else {
-        continuing_ = 1;
+        complete(n);
+        w.available = false;
+        continue;
       }
-      complete(n);
-      w.available = false;
-      continuing_ = 0;
-      continue;
+    } else {
+      Node* batch[kMaxBatch];
+      if (std::uint32_t k = pop_batch(batch); k != 0) {
+        flush_spawns(lk);
+        run_batch(batch, k, -1, lk);
+        continue;
+      }
     }
     flush_spawns(lk);
     if (done()) return;
@@ -881,14 +917,14 @@ void EngineImpl::waitall() {
 }
 
 EngineStats EngineImpl::stats() const {
-  std::lock_guard lk(mu_);
+  std::lock_guard<GraphMutex> lk(mu_);
   EngineStats s = stats_;
   s.unfinished = live_count_;
   return s;
 }
 
 std::vector<PendingNode> EngineImpl::pending_nodes() const {
-  std::lock_guard lk(mu_);
+  std::lock_guard<GraphMutex> lk(mu_);
   std::vector<PendingNode> out;
   out.reserve(live_count_);
   for (const Node* n = live_head_; n != nullptr; n = n->live_next) {

@@ -1,0 +1,255 @@
+// Engine overhead per op on five workloads, beside the same workloads written
+// directly against oneTBB's flow graph (one node per op) in the same run.
+// Prints one key=value line per figure: medians of repeats, ns per op.
+#include <lazydag/engine/engine.hpp>
+
+#include <oneapi/tbb/flow_graph.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+using namespace lazydag::engine;
+namespace flow = tbb::flow;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int repeats() {
+  const char* s = std::getenv("LAZYDAG_BENCH_REPEATS");
+  return s != nullptr ? std::max(1, std::atoi(s)) : 7;
+}
+
+// Median over repeats of fn(), which returns seconds; one warm-up run first.
+double median_seconds(const std::function<double()>& fn) {
+  fn();
+  std::vector<double> t;
+  for (int i = 0; i < repeats(); ++i) t.push_back(fn());
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+constexpr int kChain = 10000;
+constexpr int kIndependent = 100000;
+constexpr int kLayers = 1000;
+constexpr int kWidth = 8;
+
+// ---- lazydag ------------------------------------------------------------
+
+struct EngineBench {
+  Engine eng;
+  std::vector<Var> vars;
+  std::uint64_t sink = 0;
+
+  explicit EngineBench(EngineOptions o) : eng(o) {
+    for (int i = 0; i < kIndependent; ++i) vars.push_back(eng.new_var());
+  }
+
+  double push_only() {
+    // Timed: recording only. The engine is built with an unbounded window so
+    // nothing starts; the run afterwards is not timed.
+    auto t0 = Clock::now();
+    for (int i = 0; i < kIndependent; ++i) {
+      eng.push([](const RunContext&) {}, {}, {vars[i]});
+    }
+    double t = since(t0);
+    eng.waitall();
+    return t;
+  }
+
+  double chain(bool sync) {
+    Var x = vars[0];
+    std::uint64_t* s = &sink;
+    auto t0 = Clock::now();
+    for (int i = 0; i < kChain; ++i) {
+      eng.push([s](const RunContext&) { ++*s; }, {x}, {x});
+      if (sync) eng.wait_to_read(x);
+    }
+    eng.waitall();
+    return since(t0);
+  }
+
+  double independent() {
+    std::uint64_t* s = &sink;
+    auto t0 = Clock::now();
+    for (int i = 0; i < kIndependent; ++i) {
+      eng.push([s, i](const RunContext&) { s[0] += 0 * i; }, {}, {vars[i]});
+    }
+    eng.waitall();
+    return since(t0);
+  }
+
+  double fan() {
+    auto t0 = Clock::now();
+    for (int l = 0; l < kLayers; ++l) {
+      std::span<const Var> prev(vars.data() + (l - 1) * kWidth, l == 0 ? 0 : kWidth);
+      for (int k = 0; k < kWidth; ++k) {
+        Var out = vars[l * kWidth + k];
+        eng.push([](const RunContext&) {}, prev, std::span<const Var>(&out, 1));
+      }
+    }
+    eng.waitall();
+    return since(t0);
+  }
+
+  // Per wait: push one write of a var that nothing else touches, then
+  // wait_to_read it; averaged over kFreshWaits waits with `unrelated` nodes
+  // recorded and pending (lazy, unbounded window) the whole time.
+  static constexpr int kFreshWaits = 1000;
+  double fresh_wait(int unrelated) {
+    Var busy = vars[1];
+    for (int i = 0; i < unrelated; ++i) eng.push([](const RunContext&) {}, {busy}, {busy});
+    auto t0 = Clock::now();
+    for (int i = 0; i < kFreshWaits; ++i) {
+      Var fresh = vars[2 + i];
+      eng.push([](const RunContext&) {}, {}, {fresh});
+      eng.wait_to_read(fresh);
+    }
+    double t = since(t0) / kFreshWaits;
+    eng.waitall();
+    return t;
+  }
+};
+
+// ---- oneTBB flow graph peer: one continue_node per op -------------------
+
+using Node = flow::continue_node<flow::continue_msg>;
+
+double tbb_push_only() {
+  flow::graph g;
+  std::vector<std::unique_ptr<Node>> nodes;
+  nodes.reserve(kIndependent);
+  auto t0 = Clock::now();
+  for (int i = 0; i < kIndependent; ++i) {
+    nodes.push_back(std::make_unique<Node>(g, [](const flow::continue_msg&) {}));
+  }
+  return since(t0);
+}
+
+double tbb_chain(bool sync, std::uint64_t& sink) {
+  flow::graph g;
+  std::vector<std::unique_ptr<Node>> nodes;
+  nodes.reserve(kChain);
+  std::uint64_t* s = &sink;
+  auto t0 = Clock::now();
+  for (int i = 0; i < kChain; ++i) {
+    nodes.push_back(std::make_unique<Node>(g, [s](const flow::continue_msg&) { ++*s; }));
+    if (sync) {
+      nodes.back()->try_put(flow::continue_msg());
+      g.wait_for_all();
+    } else if (i > 0) {
+      flow::make_edge(*nodes[i - 1], *nodes[i]);
+    }
+  }
+  if (!sync) {
+    nodes[0]->try_put(flow::continue_msg());
+    g.wait_for_all();
+  }
+  return since(t0);
+}
+
+double tbb_independent(std::uint64_t& sink) {
+  flow::graph g;
+  std::vector<std::unique_ptr<Node>> nodes;
+  nodes.reserve(kIndependent);
+  std::uint64_t* s = &sink;
+  auto t0 = Clock::now();
+  for (int i = 0; i < kIndependent; ++i) {
+    nodes.push_back(std::make_unique<Node>(g, [s, i](const flow::continue_msg&) { s[0] += 0 * i; }));
+    nodes.back()->try_put(flow::continue_msg());
+  }
+  g.wait_for_all();
+  return since(t0);
+}
+
+double tbb_fan() {
+  flow::graph g;
+  std::vector<std::unique_ptr<Node>> nodes;
+  nodes.reserve(kLayers * kWidth);
+  auto t0 = Clock::now();
+  for (int l = 0; l < kLayers; ++l) {
+    for (int k = 0; k < kWidth; ++k) {
+      nodes.push_back(std::make_unique<Node>(g, [](const flow::continue_msg&) {}));
+      if (l > 0) {
+        for (int p = 0; p < kWidth; ++p) flow::make_edge(*nodes[(l - 1) * kWidth + p], *nodes.back());
+      }
+    }
+  }
+  for (int k = 0; k < kWidth; ++k) nodes[k]->try_put(flow::continue_msg());
+  g.wait_for_all();
+  return since(t0);
+}
+
+void line(const char* workload, const std::string& who, double seconds, int ops) {
+  std::printf("bench=engine workload=%s %s ns_per_op=%.1f\n", workload, who.c_str(),
+              seconds / ops * 1e9);
+}
+
+}  // namespace
+
+int main() {
+  const int threads = static_cast<int>(std::max(1U, std::thread::hardware_concurrency()));
+  std::uint64_t tbb_sink = 0;
+  struct Peer {
+    const char* workload;
+    int ops;
+    std::function<double()> run;
+  };
+  std::vector<Peer> peers = {
+      {"push_only", kIndependent, [] { return tbb_push_only(); }},
+      {"chain_async", kChain, [&] { return tbb_chain(false, tbb_sink); }},
+      {"chain_sync", kChain, [&] { return tbb_chain(true, tbb_sink); }},
+      {"independent", kIndependent, [&] { return tbb_independent(tbb_sink); }},
+      {"fan", kLayers * kWidth, [] { return tbb_fan(); }},
+  };
+  std::vector<double> peer_ns;
+  for (auto& p : peers) {
+    double t = median_seconds(p.run);
+    peer_ns.push_back(t / p.ops * 1e9);
+    line(p.workload, "peer=tbb_flow_graph", t, p.ops);
+  }
+
+  for (Policy policy : {Policy::kLazy, Policy::kEager}) {
+    EngineOptions o;
+    o.policy = policy;
+    o.num_threads = threads;
+    EngineOptions unbounded = o;
+    unbounded.max_pending = 0;
+    EngineBench windowed(o);
+    EngineBench open(unbounded);
+    std::vector<std::pair<const char*, std::function<double()>>> runs = {
+        {"push_only", [&] { return open.push_only(); }},
+        {"chain_async", [&] { return windowed.chain(false); }},
+        {"chain_sync", [&] { return windowed.chain(true); }},
+        {"independent", [&] { return windowed.independent(); }},
+        {"fan", [&] { return windowed.fan(); }},
+    };
+    std::string who = "policy=" + std::string(to_string(policy)) + " threads=" +
+                      std::to_string(threads);
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+      double t = median_seconds(runs[i].second);
+      double ns = t / peers[i].ops * 1e9;
+      line(runs[i].first, who, t, peers[i].ops);
+      std::printf("bench=engine workload=%s %s ratio_vs_tbb=%.2f\n", runs[i].first, who.c_str(),
+                  ns / peer_ns[i]);
+    }
+    if (policy == Policy::kLazy) {
+      for (int unrelated : {1000, 10000, 100000, 1000000}) {
+        double t = median_seconds([&] { return open.fresh_wait(unrelated); });
+        std::printf("bench=engine workload=fresh_wait %s unrelated=%d ns_per_push_and_wait=%.1f\n",
+                    who.c_str(), unrelated, t * 1e9);
+      }
+    }
+  }
+  return 0;
+}

@@ -219,7 +219,9 @@ int main() {
     line(p.workload, "peer=tbb_flow_graph", t, p.ops);
   }
 
+  std::vector<std::vector<double>> engine_ns;  // [policy][workload]
   for (Policy policy : {Policy::kLazy, Policy::kEager}) {
+    engine_ns.emplace_back();
     EngineOptions o;
     o.policy = policy;
     o.num_threads = threads;
@@ -239,6 +241,7 @@ int main() {
     for (std::size_t i = 0; i < runs.size(); ++i) {
       double t = median_seconds(runs[i].second);
       double ns = t / peers[i].ops * 1e9;
+      engine_ns.back().push_back(ns);
       line(runs[i].first, who, t, peers[i].ops);
       std::printf("bench=engine workload=%s %s ratio_vs_tbb=%.2f\n", runs[i].first, who.c_str(),
                   ns / peer_ns[i]);
@@ -250,6 +253,15 @@ int main() {
                     who.c_str(), unrelated, t * 1e9);
       }
     }
+  }
+
+  // The same figures as a table (ns per op, medians; goals for 2 cores).
+  const char* goals[] = {"-", "<= 100", "<= 200", "<= 200", "<= 250"};
+  std::printf("\n%-12s %8s %10s %10s %10s %10s\n", "workload", "goal", "lazy", "eager",
+              "tbb_flow", "lazy/tbb");
+  for (std::size_t i = 0; i < peers.size(); ++i) {
+    std::printf("%-12s %8s %10.1f %10.1f %10.1f %10.2f\n", peers[i].workload, goals[i],
+                engine_ns[0][i], engine_ns[1][i], peer_ns[i], engine_ns[0][i] / peer_ns[i]);
   }
   return 0;
 }

@@ -137,7 +137,14 @@ TEST_SUITE("engine") {
     test::Gate gate;
     Var g = eng.new_var();
     // Park the only worker so that every following node is ready at once.
-    eng.push([&](const RunContext&) { REQUIRE(gate.wait()); }, {}, {g}, {.name = "gate"});
+    std::atomic<bool> parked{false};
+    eng.push(
+        [&](const RunContext&) {
+          parked = true;
+          REQUIRE(gate.wait());
+        },
+        {}, {g}, {.name = "gate"});
+    REQUIRE(test::spin_until([&] { return parked.load(); }));
     std::mt19937 rng(7);
     std::uniform_int_distribution<int> prio(-50, 50);
     constexpr int kNodes = 200;

@@ -223,3 +223,30 @@ TEST_SUITE("engine") {
     ::unsetenv("LAZYDAG_MAX_PENDING");
   }
 }
+
+TEST_SUITE("engine") {
+  TEST_CASE("Lazy.RunContextNamesTheDeviceAndWorker" * doctest::timeout(60)) {
+    for (const auto& cfg : all_configs()) {
+      CAPTURE(cfg.str());
+      Engine eng(cfg.options());
+      std::atomic<int> bad{0};
+      std::atomic<int> on_workers{0};
+      std::vector<Var> vars;
+      for (int i = 0; i < 200; ++i) {
+        vars.push_back(eng.new_var());
+        eng.push(
+            [&](const RunContext& ctx) {
+              if (!(ctx.device == Device{}) || ctx.stream != nullptr ||
+                  ctx.worker_index < -1 || ctx.worker_index >= eng.num_threads()) {
+                bad.fetch_add(1);
+              }
+              if (ctx.worker_index >= 0) on_workers.fetch_add(1);
+            },
+            {}, {vars.back()});
+      }
+      eng.waitall();
+      CHECK(bad.load() == 0);
+      if (cfg.policy == Policy::kNaive) CHECK(on_workers.load() == 0);  // all on the caller
+    }
+  }
+}

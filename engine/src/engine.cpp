@@ -457,6 +457,11 @@ void EngineImpl::record(Node* n) {
   ++live_count_;
   ++stats_.nodes_recorded;
   stats_.peak_unfinished = std::max(stats_.peak_unfinished, live_count_);
+  if (options_.policy == Policy::kNaive) {
+    // Requested by the wait in after_push, which tags it first so it goes
+    // straight to the recording thread (never via the heap).
+    return;
+  }
   if (options_.policy == Policy::kLazy) {
     n->in_unrequested = true;
     n->unreq_prev = unreq_tail_;
@@ -777,6 +782,8 @@ void EngineImpl::after_push(Node* n, Lock& lk) {
       ++n->refs;
       wait_node(n, lk);
       release(n);
+    } else {
+      request(n);  // recorded by a running op: runs after it, at the next wait
     }
   } else if (options_.max_pending != 0) {
     // The pending window: start the oldest recorded work when the frontend

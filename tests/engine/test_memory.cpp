@@ -21,7 +21,7 @@ long peak_rss_kib() {
 
 TEST_SUITE("engine") {
   TEST_CASE("Memory.TenMillionOpsWithoutWaitStayBounded" * doctest::timeout(300)) {
-    for (Policy p : {Policy::kLazy, Policy::kEager}) {
+    for (Policy p : {Policy::kLazy, Policy::kEager, Policy::kNaive}) {
       CAPTURE(to_string(p));
       EngineOptions o;
       o.policy = p;

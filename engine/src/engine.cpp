@@ -237,7 +237,7 @@ class EngineImpl {
   void complete(Node* n);
   void free_var(VarState* s);
 
-  std::uint32_t register_waiter(Waiter& w);
+  void register_waiter(Waiter& w);
   void unregister_waiter(Waiter& w);
   template <class Done>
   void help_until(Waiter& w, Lock& lk, Done done);
@@ -703,14 +703,13 @@ void EngineImpl::runner() {
   if (active_runners_ == 0) runners_cv_.notify_all();
 }
 
-std::uint32_t EngineImpl::register_waiter(Waiter& w) {
+void EngineImpl::register_waiter(Waiter& w) {
   auto it = std::find(waiters_.begin(), waiters_.end(), nullptr);
   if (it == waiters_.end()) it = waiters_.insert(it, nullptr);
   *it = &w;
   w.tag = static_cast<std::uint32_t>(it - waiters_.begin()) + 1;
   if (w.mode == WaitMode::kAll) ++all_waiters_;
   if (w.mode == WaitMode::kThrottle) ++throttle_waiters_;
-  return w.tag;
 }
 
 void EngineImpl::unregister_waiter(Waiter& w) {

@@ -590,9 +590,11 @@ void EngineImpl::execute(Node* n, int worker) {
     }
   }
   bool failed = false;
+  // Still "inside the op" while its captures are destroyed: a destructor
+  // that records (a freed array recording its var's deletion) must not wait.
+  const EngineImpl* outer = tls_running_engine;
+  tls_running_engine = this;
   if (!err) {
-    const EngineImpl* outer = tls_running_engine;
-    tls_running_engine = this;
     try {
       n->fn(RunContext{n->device, nullptr, worker});
     } catch (...) {
@@ -600,10 +602,10 @@ void EngineImpl::execute(Node* n, int worker) {
           ErrorRecord{n->name, std::current_exception(), n->seq, false});
       failed = true;
     }
-    tls_running_engine = outer;
   }
   for (VarState* v : n->writes) v->poison = err;  // a successful write clears it
   n->fn.reset();  // captures die here, outside mu_: their destructors may record
+  tls_running_engine = outer;
   n->error = std::move(err);
   n->failed = failed;
 }
@@ -781,6 +783,14 @@ void EngineImpl::after_push(Node* n, Lock& lk) {
       ++n->refs;
       wait_node(n, lk);
       release(n);
+      // Nodes recorded by ops (or their destructors) meanwhile run now too,
+      // so that nothing recorded waits for a later waitall.
+      Waiter w;
+      w.mode = WaitMode::kAll;
+      w.all_before = next_seq_;
+      register_waiter(w);
+      help_until(w, lk, [&] { return ready_.empty(); });
+      unregister_waiter(w);
     } else {
       request(n);  // recorded by a running op: runs after it, at the next wait
     }
@@ -803,9 +813,13 @@ void EngineImpl::push(Function fn, std::span<const Var> reads, std::span<const V
                       const PushOptions& options) {
   std::string_view name = options.name.empty() ? std::string_view("op") : options.name;
   if (!fn) throw InvalidArgument("push '" + std::string(name) + "': empty function");
-  if (options.device.kind != DeviceKind::kCpu || options.device.id != 0) {
+  if (options.device.kind != DeviceKind::kCpu) {
     throw BackendUnavailable("push '" + std::string(name) + "': device " +
-                             options.device.str() + " does not exist in this engine");
+                             options.device.str() + " has no backend in this engine");
+  }
+  if (options.device.id < 0) {
+    throw InvalidArgument("push '" + std::string(name) + "': device ids are >= 0, got " +
+                          options.device.str());
   }
   Lock lk(mu_);
   // Validate everything before touching the graph: bad input records nothing.

@@ -153,8 +153,9 @@ TEST_SUITE("engine") {
       CHECK_THROWS_WITH_AS(eng.wait_to_read(gone), doctest::Contains("deleted"), InvalidArgument);
       CHECK_THROWS_AS(eng.wait_to_write(unknown), InvalidArgument);
       CHECK_THROWS_AS(eng.delete_var(gone), InvalidArgument);
-      Device other{DeviceKind::kCpu, 3};
-      CHECK_THROWS_AS(eng.push(nothing, {}, {good}, {.device = other, .name = "elsewhere"}), BackendUnavailable);
+      Device negative{DeviceKind::kCpu, -1};
+      CHECK_THROWS_AS(eng.push(nothing, {}, {good}, {.device = negative, .name = "elsewhere"}),
+                      InvalidArgument);
       CHECK(recorded() == before);  // nothing recorded by any refused call
 
       // A var of another engine is unknown here (no accidental aliasing).

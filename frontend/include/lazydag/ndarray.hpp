@@ -1,0 +1,243 @@
+// NDArray: an n-dimensional array whose every operation is recorded into the
+// engine and returns at once. Only the blockers (wait_to_read, item,
+// to_vector, printing, nd::waitall) wait for the values.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <memory>
+#include <span>
+#include <type_traits>
+#include <string>
+#include <vector>
+
+#include <lazydag/engine/engine.hpp>
+#include <lazydag/ops/dtype.hpp>
+#include <lazydag/ops/shape.hpp>
+
+namespace lazydag {
+
+using engine::Device;
+using engine::DeviceKind;
+
+/// The CPU device `id`. Distinct ids are distinct devices: data does not
+/// move between them implicitly, although they share the host's memory.
+[[nodiscard]] Device cpu(int id = 0);
+
+namespace detail {
+struct Storage;
+/// What an NDArray handle points to: a strided view of a storage buffer.
+/// Immutable once made; handles share it.
+struct ArrayState {
+  std::shared_ptr<Storage> storage;
+  Shape shape;
+  Strides strides;  // in elements
+  std::int64_t offset = 0;
+  DType dtype = DType::kFloat32;
+};
+struct Access;
+}  // namespace detail
+
+/// A handle to an array. Copying a handle is cheap and shares the storage;
+/// `copy()` is a recorded deep copy. Every member function is non-blocking
+/// unless its brief says otherwise, and throws at the call site (recording
+/// nothing) on bad input: InvalidArgument for shapes, dtypes, axes and empty
+/// handles, DeviceMismatch for operands on different devices. A handle may
+/// be used from several threads; the arrays are not locked against writes
+/// recorded concurrently by different threads (their order is record order).
+class NDArray {
+ public:
+  /// An empty handle: every use throws InvalidArgument.
+  NDArray() noexcept = default;
+
+  [[nodiscard]] const Shape& shape() const;
+  [[nodiscard]] DType dtype() const;
+  [[nodiscard]] Device device() const;
+  [[nodiscard]] int ndim() const;
+  [[nodiscard]] std::int64_t size() const;
+  /// Row-major contiguous (views from transpose or slice may not be).
+  [[nodiscard]] bool is_contiguous() const;
+  /// True when both handles view the same storage buffer.
+  [[nodiscard]] bool shares_storage_with(const NDArray& other) const;
+  /// False for a default-constructed or moved-from handle.
+  [[nodiscard]] bool valid() const noexcept { return state_ != nullptr; }
+  /// The engine var that orders accesses to this array's storage.
+  [[nodiscard]] engine::Var var() const;
+
+  // ---- blockers ----
+  /// Blocks until every recorded write of this array is done; throws OpError
+  /// if one failed.
+  void wait_to_read() const;
+  /// Blocks until every recorded read and write of this array is done.
+  void wait_to_write() const;
+  /// Blocks; the single element of a size-1 array. T must match dtype().
+  template <class T>
+  [[nodiscard]] T item() const {
+    T v{};
+    read_into(&v, dtype_of<T>(), 1, "item");
+    return v;
+  }
+  /// Blocks; the elements in row-major order. T must match dtype().
+  template <class T>
+  [[nodiscard]] std::vector<T> to_vector() const {
+    std::vector<T> v(static_cast<std::size_t>(size()));
+    if constexpr (std::is_same_v<T, bool>) {
+      auto tmp = std::make_unique<bool[]>(v.size());
+      read_into(tmp.get(), dtype_of<T>(), -1, "to_vector");
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = tmp[i];
+    } else {
+      read_into(v.data(), dtype_of<T>(), -1, "to_vector");
+    }
+    return v;
+  }
+
+  // ---- copies and devices ----
+  /// A recorded deep copy (new contiguous storage).
+  [[nodiscard]] NDArray copy() const;
+  /// A recorded conversion into new storage of dtype t.
+  [[nodiscard]] NDArray astype(DType t) const;
+  /// Always a recorded copy into new storage on `dev` (even the same device).
+  [[nodiscard]] NDArray copyto(Device dev) const;
+  /// This very array when it already lives on `dev` (nothing recorded),
+  /// otherwise copyto(dev).
+  [[nodiscard]] NDArray as_in_device(Device dev) const;
+
+  // ---- shape ops ----
+  /// A view when contiguous, otherwise a recorded copy. One dim may be -1.
+  [[nodiscard]] NDArray reshape(const Shape& shape) const;
+  /// 2-D transpose; a view.
+  [[nodiscard]] NDArray transpose() const;
+  /// Axes permuted; a view.
+  [[nodiscard]] NDArray transpose(const std::vector<int>& perm) const;
+  /// Elements [start, stop) along `axis` (negative indices count from the
+  /// end); a view: writes through it are writes of this array.
+  [[nodiscard]] NDArray slice(int axis, std::int64_t start, std::int64_t stop) const;
+
+  // ---- reductions (new arrays) ----
+  [[nodiscard]] NDArray sum() const;
+  [[nodiscard]] NDArray sum(int axis, bool keepdims = false) const;
+  /// float arrays keep their dtype; integer arrays give float64.
+  [[nodiscard]] NDArray mean() const;
+  [[nodiscard]] NDArray mean(int axis, bool keepdims = false) const;
+  [[nodiscard]] NDArray max() const;
+  [[nodiscard]] NDArray max(int axis, bool keepdims = false) const;
+  [[nodiscard]] NDArray min() const;
+  [[nodiscard]] NDArray min(int axis, bool keepdims = false) const;
+  /// int64 indices (row-major flat index without an axis).
+  [[nodiscard]] NDArray argmax() const;
+  [[nodiscard]] NDArray argmax(int axis, bool keepdims = false) const;
+
+  // ---- in place (recorded writes of this array) ----
+  NDArray& operator+=(const NDArray& o);
+  NDArray& operator-=(const NDArray& o);
+  NDArray& operator*=(const NDArray& o);
+  NDArray& operator/=(const NDArray& o);
+  NDArray& operator+=(double s);
+  NDArray& operator-=(double s);
+  NDArray& operator*=(double s);
+  NDArray& operator/=(double s);
+
+ private:
+  friend struct detail::Access;
+  void read_into(void* dst, DType expected, std::int64_t expected_size, const char* call) const;
+  std::shared_ptr<const detail::ArrayState> state_;
+};
+
+// Elementwise arithmetic with NumPy broadcasting; both operands of one dtype
+// (a double scalar takes the array's dtype).
+NDArray operator+(const NDArray& a, const NDArray& b);
+NDArray operator-(const NDArray& a, const NDArray& b);
+NDArray operator*(const NDArray& a, const NDArray& b);
+NDArray operator/(const NDArray& a, const NDArray& b);
+NDArray operator+(const NDArray& a, double s);
+NDArray operator-(const NDArray& a, double s);
+NDArray operator*(const NDArray& a, double s);
+NDArray operator/(const NDArray& a, double s);
+NDArray operator+(double s, const NDArray& a);
+NDArray operator-(double s, const NDArray& a);
+NDArray operator*(double s, const NDArray& a);
+NDArray operator/(double s, const NDArray& a);
+NDArray operator-(const NDArray& a);
+
+// Comparisons give bool arrays.
+NDArray operator==(const NDArray& a, const NDArray& b);
+NDArray operator!=(const NDArray& a, const NDArray& b);
+NDArray operator<(const NDArray& a, const NDArray& b);
+NDArray operator<=(const NDArray& a, const NDArray& b);
+NDArray operator>(const NDArray& a, const NDArray& b);
+NDArray operator>=(const NDArray& a, const NDArray& b);
+NDArray operator==(const NDArray& a, double s);
+NDArray operator!=(const NDArray& a, double s);
+NDArray operator<(const NDArray& a, double s);
+NDArray operator<=(const NDArray& a, double s);
+NDArray operator>(const NDArray& a, double s);
+NDArray operator>=(const NDArray& a, double s);
+
+/// Blocks (it reads the values); NumPy-like text, elided beyond 1000 elements.
+std::ostream& operator<<(std::ostream& os, const NDArray& a);
+
+namespace detail {
+NDArray make_array(const void* data, DType t, const Shape& shape, Device dev);
+}  // namespace detail
+
+namespace nd {
+
+[[nodiscard]] NDArray zeros(const Shape& shape, DType t = DType::kFloat32, Device dev = cpu());
+[[nodiscard]] NDArray ones(const Shape& shape, DType t = DType::kFloat32, Device dev = cpu());
+[[nodiscard]] NDArray full(const Shape& shape, double value, DType t = DType::kFloat32,
+                           Device dev = cpu());
+/// [start, stop) by step, as a 1-D array.
+[[nodiscard]] NDArray arange(double start, double stop, double step = 1.0,
+                             DType t = DType::kFloat32, Device dev = cpu());
+/// An array holding a copy of `data` (row-major) with `shape`.
+template <class T>
+[[nodiscard]] NDArray array(const std::vector<T>& data, const Shape& shape, Device dev = cpu()) {
+  if constexpr (std::is_same_v<T, bool>) {
+    std::vector<unsigned char> bytes(data.begin(), data.end());
+    return detail::make_array(bytes.data(), DType::kBool, shape, dev);
+  } else {
+    if (static_cast<std::int64_t>(data.size()) != numel(shape)) {
+      throw InvalidArgument("nd::array: " + std::to_string(data.size()) +
+                            " values do not fill shape " + to_string(shape));
+    }
+    return detail::make_array(data.data(), dtype_of<T>(), shape, dev);
+  }
+}
+/// Counter-based random numbers: the values depend only on (seed, shape),
+/// never on thread count or policy.
+[[nodiscard]] NDArray random_uniform(const Shape& shape, Device dev, std::uint64_t seed,
+                                     double low = 0.0, double high = 1.0,
+                                     DType t = DType::kFloat32);
+[[nodiscard]] NDArray random_normal(const Shape& shape, Device dev, std::uint64_t seed,
+                                    double mean = 0.0, double stddev = 1.0,
+                                    DType t = DType::kFloat32);
+
+[[nodiscard]] NDArray neg(const NDArray& a);
+[[nodiscard]] NDArray abs(const NDArray& a);
+[[nodiscard]] NDArray exp(const NDArray& a);
+[[nodiscard]] NDArray log(const NDArray& a);
+[[nodiscard]] NDArray sqrt(const NDArray& a);
+[[nodiscard]] NDArray tanh(const NDArray& a);
+[[nodiscard]] NDArray sigmoid(const NDArray& a);
+[[nodiscard]] NDArray relu(const NDArray& a);
+[[nodiscard]] NDArray pow(const NDArray& a, const NDArray& b);
+[[nodiscard]] NDArray pow(const NDArray& a, double exponent);
+[[nodiscard]] NDArray maximum(const NDArray& a, const NDArray& b);
+[[nodiscard]] NDArray minimum(const NDArray& a, const NDArray& b);
+/// cond (bool) ? a : b, broadcast.
+[[nodiscard]] NDArray where(const NDArray& cond, const NDArray& a, const NDArray& b);
+/// Matrix product (2-D, or batched 3-D) of float32 or float64 arrays, via BLAS.
+[[nodiscard]] NDArray dot(const NDArray& a, const NDArray& b);
+[[nodiscard]] NDArray matmul(const NDArray& a, const NDArray& b);
+/// Joins arrays along an existing axis; a copy.
+[[nodiscard]] NDArray concat(const std::vector<NDArray>& arrays, int axis = 0);
+
+/// Blocks until everything recorded is done (Engine::get().waitall()).
+void waitall();
+/// The engine NDArrays record into: the process-wide Engine::get().
+[[nodiscard]] engine::Engine& engine();
+/// Bytes of array storage currently allocated.
+[[nodiscard]] std::int64_t memory_in_use() noexcept;
+
+}  // namespace nd
+}  // namespace lazydag

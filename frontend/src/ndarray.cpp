@@ -1,0 +1,649 @@
+// NDArray: record-time checks (shapes, dtypes, devices), storage and views,
+// and the recording of every operator as an engine node running a kernel.
+#include <lazydag/ndarray.hpp>
+
+#include <lazydag/ops/kernels.hpp>
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+namespace lazydag {
+
+Device cpu(int id) {
+  if (id < 0) throw InvalidArgument("cpu(" + std::to_string(id) + "): device ids are >= 0");
+  return Device{DeviceKind::kCpu, id};
+}
+
+namespace detail {
+
+namespace {
+std::atomic<std::int64_t> g_bytes{0};
+}  // namespace
+
+/// A buffer and the engine var that orders its accesses. Every recorded op
+/// that touches the buffer holds a reference, so the buffer is freed only
+/// after its last access has run; the var's deletion is then recorded.
+struct Storage {
+  engine::Engine* eng;
+  engine::Var var;
+  Device device;
+  void* data = nullptr;
+  std::size_t bytes;
+
+  Storage(engine::Engine& e, Device dev, std::size_t n) : eng(&e), var(e.new_var()), device(dev), bytes(n) {
+    // 64-byte aligned for the kernels' vector loads; at least one line.
+    const std::size_t rounded = (std::max<std::size_t>(n, 1) + 63) / 64 * 64;
+    data = std::aligned_alloc(64, rounded);
+    if (data == nullptr) {
+      e.delete_var(var);
+      throw std::bad_alloc();
+    }
+    g_bytes.fetch_add(static_cast<std::int64_t>(n), std::memory_order_relaxed);
+  }
+  ~Storage() {
+    std::free(data);
+    g_bytes.fetch_sub(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
+    eng->delete_var(var);
+  }
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+};
+
+using StatePtr = std::shared_ptr<const ArrayState>;
+
+struct Access {
+  static const StatePtr& state(const NDArray& a, const char* op) {
+    if (!a.state_) {
+      throw InvalidArgument(std::string(op) + ": use of an empty or moved-from NDArray");
+    }
+    return a.state_;
+  }
+  static NDArray wrap(StatePtr s) {
+    NDArray a;
+    a.state_ = std::move(s);
+    return a;
+  }
+};
+
+}  // namespace detail
+
+namespace {
+
+using detail::Access;
+using detail::ArrayState;
+using detail::StatePtr;
+using detail::Storage;
+
+ops::TensorView view(const ArrayState& s) {
+  return ops::TensorView{s.storage->data, s.dtype, s.shape, s.strides, s.offset};
+}
+
+StatePtr new_array(const Shape& shape, DType t, Device dev, const char* op) {
+  check_shape(shape, op);
+  auto st = std::make_shared<ArrayState>();
+  st->storage = std::make_shared<Storage>(nd::engine(), dev,
+                                          static_cast<std::size_t>(numel(shape)) * size_of(t));
+  st->shape = shape;
+  st->strides = contiguous_strides(shape);
+  st->dtype = t;
+  return st;
+}
+
+StatePtr make_view(const StatePtr& base, Shape shape, Strides strides, std::int64_t offset) {
+  auto st = std::make_shared<ArrayState>();
+  st->storage = base->storage;
+  st->shape = std::move(shape);
+  st->strides = std::move(strides);
+  st->offset = offset;
+  st->dtype = base->dtype;
+  return st;
+}
+
+bool contiguous(const ArrayState& s) { return s.strides == contiguous_strides(s.shape); }
+
+// Operands must share one device: data never moves implicitly.
+Device common_device(std::initializer_list<const ArrayState*> xs, const char* op) {
+  const Device d = (*xs.begin())->storage->device;
+  for (const ArrayState* x : xs) {
+    if (!(x->storage->device == d)) {
+      std::string msg = std::string(op) + ": operands live on different devices (";
+      int i = 0;
+      for (const ArrayState* y : xs) {
+        msg += (i ? ", " : "") + std::string("operand ") + std::to_string(i) + " on " +
+               y->storage->device.str();
+        ++i;
+      }
+      throw DeviceMismatch(msg + "); move one with copyto(device) or as_in_device(device)");
+    }
+  }
+  return d;
+}
+
+void same_dtype(const ArrayState& a, const ArrayState& b, const char* op) {
+  if (a.dtype != b.dtype) {
+    throw InvalidArgument(std::string(op) + ": dtype mismatch, " + std::string(to_string(a.dtype)) +
+                          " vs " + std::string(to_string(b.dtype)) +
+                          " (lazydag does not promote; convert one with astype)");
+  }
+}
+
+void numeric(const ArrayState& a, const char* op) {
+  if (a.dtype == DType::kBool) {
+    throw InvalidArgument(std::string(op) + ": not defined for bool arrays (use astype)");
+  }
+}
+
+void floating(const ArrayState& a, const char* op) {
+  if (!is_floating(a.dtype)) {
+    throw InvalidArgument(std::string(op) + ": needs a float32 or float64 array, got " +
+                          std::string(to_string(a.dtype)) + " (use astype)");
+  }
+}
+
+// Records one node reading `inputs` and writing `out`; `kernel` gets views.
+template <class Kernel>
+void record(const char* name, std::initializer_list<StatePtr> inputs, const StatePtr& out,
+            Kernel kernel) {
+  std::vector<engine::Var> reads;
+  reads.reserve(inputs.size());
+  for (const auto& in : inputs) reads.push_back(in->storage->var);
+  const engine::Var writes[] = {out->storage->var};
+  std::vector<StatePtr> keep(inputs);  // keeps every touched buffer alive until the node ran
+  nd::engine().push(
+      [keep = std::move(keep), out, kernel = std::move(kernel)](const engine::RunContext&) {
+        kernel(keep, *out);
+      },
+      reads, writes, {.device = out->storage->device, .priority = 0, .name = name});
+}
+
+// A contiguous version of `a`: `a` itself, or a recorded copy.
+StatePtr dense(const StatePtr& a) {
+  if (contiguous(*a)) return a;
+  StatePtr out = new_array(a->shape, a->dtype, a->storage->device, "copy");
+  record("copy", {a}, out, [](const std::vector<StatePtr>& in, const ArrayState& o) {
+    ops::cpu::copy_cast(view(*in[0]), view(o));
+  });
+  return out;
+}
+
+NDArray unary_op(ops::UnaryOp op, const NDArray& x) {
+  const char* name = to_string(op).data();
+  const StatePtr& a = Access::state(x, name);
+  numeric(*a, name);
+  if (op != ops::UnaryOp::kNeg && op != ops::UnaryOp::kAbs && op != ops::UnaryOp::kRelu) {
+    floating(*a, name);
+  }
+  StatePtr out = new_array(a->shape, a->dtype, a->storage->device, name);
+  record(name, {a}, out, [op](const std::vector<StatePtr>& in, const ArrayState& o) {
+    ops::cpu::unary(op, view(*in[0]), view(o));
+  });
+  return Access::wrap(out);
+}
+
+void check_binary(ops::BinaryOp op, const ArrayState& a, const char* name) {
+  numeric(a, name);
+  if (op == ops::BinaryOp::kPow) floating(a, name);
+}
+
+NDArray binary_op(ops::BinaryOp op, const NDArray& x, const NDArray& y) {
+  const char* name = to_string(op).data();
+  const StatePtr& a = Access::state(x, name);
+  const StatePtr& b = Access::state(y, name);
+  const Device dev = common_device({a.get(), b.get()}, name);
+  same_dtype(*a, *b, name);
+  check_binary(op, *a, name);
+  StatePtr out = new_array(ops::broadcast_shapes(a->shape, b->shape, name), a->dtype, dev, name);
+  record(name, {a, b}, out, [op](const std::vector<StatePtr>& in, const ArrayState& o) {
+    ops::cpu::binary(op, view(*in[0]), view(*in[1]), view(o));
+  });
+  return Access::wrap(out);
+}
+
+NDArray scalar_op(ops::BinaryOp op, const NDArray& x, double s, bool scalar_first) {
+  const char* name = to_string(op).data();
+  const StatePtr& a = Access::state(x, name);
+  check_binary(op, *a, name);
+  StatePtr out = new_array(a->shape, a->dtype, a->storage->device, name);
+  record(name, {a}, out, [op, s, scalar_first](const std::vector<StatePtr>& in, const ArrayState& o) {
+    ops::cpu::binary_scalar(op, view(*in[0]), s, scalar_first, view(o));
+  });
+  return Access::wrap(out);
+}
+
+NDArray compare_op(ops::CompareOp op, const NDArray& x, const NDArray& y) {
+  const char* name = to_string(op).data();
+  const StatePtr& a = Access::state(x, name);
+  const StatePtr& b = Access::state(y, name);
+  const Device dev = common_device({a.get(), b.get()}, name);
+  same_dtype(*a, *b, name);
+  StatePtr out = new_array(ops::broadcast_shapes(a->shape, b->shape, name), DType::kBool, dev, name);
+  record(name, {a, b}, out, [op](const std::vector<StatePtr>& in, const ArrayState& o) {
+    ops::cpu::compare(op, view(*in[0]), view(*in[1]), view(o));
+  });
+  return Access::wrap(out);
+}
+
+NDArray compare_scalar_op(ops::CompareOp op, const NDArray& x, double s) {
+  const char* name = to_string(op).data();
+  const StatePtr& a = Access::state(x, name);
+  StatePtr out = new_array(a->shape, DType::kBool, a->storage->device, name);
+  record(name, {a}, out, [op, s](const std::vector<StatePtr>& in, const ArrayState& o) {
+    ops::cpu::compare_scalar(op, view(*in[0]), s, view(o));
+  });
+  return Access::wrap(out);
+}
+
+// In place: a = op(a, b). The result must keep a's shape. A b that views a's
+// buffer differently is copied first so the kernel never reads what it wrote.
+void inplace_op(ops::BinaryOp op, const StatePtr& a, StatePtr b, const char* name) {
+  const Device dev = common_device({a.get(), b.get()}, name);
+  (void)dev;
+  same_dtype(*a, *b, name);
+  check_binary(op, *a, name);
+  const Shape s = ops::broadcast_shapes(a->shape, b->shape, name);
+  if (s != a->shape) {
+    throw InvalidArgument(std::string(name) + ": the result shape " + to_string(s) +
+                          " differs from the target's " + to_string(a->shape));
+  }
+  if (b->storage == a->storage &&
+      (b->offset != a->offset || b->strides != a->strides || b->shape != a->shape)) {
+    b = Access::state(Access::wrap(b).copy(), name);
+  }
+  record(name, {a, b}, a, [op](const std::vector<StatePtr>& in, const ArrayState& o) {
+    ops::cpu::binary(op, view(*in[0]), view(*in[1]), view(o));
+  });
+}
+
+void inplace_scalar(ops::BinaryOp op, const StatePtr& a, double s, const char* name) {
+  check_binary(op, *a, name);
+  record(name, {a}, a, [op, s](const std::vector<StatePtr>& in, const ArrayState& o) {
+    ops::cpu::binary_scalar(op, view(*in[0]), s, false, view(o));
+  });
+}
+
+NDArray reduce_op(ops::ReduceOp op, const NDArray& x, bool all, int axis, bool keepdims) {
+  const char* name = to_string(op).data();
+  const StatePtr& a0 = Access::state(x, name);
+  numeric(*a0, name);
+  const int rank = static_cast<int>(a0->shape.size());
+  if (!all) axis = ops::normalize_axis(axis, rank, name);
+  std::int64_t len = 1;
+  for (int d = 0; d < rank; ++d) len *= (all || d == axis) ? a0->shape[d] : 1;
+  if (len == 0 && op != ops::ReduceOp::kSum && op != ops::ReduceOp::kMean) {
+    throw InvalidArgument(std::string(name) + ": reduction of an empty " +
+                          (all ? std::string("array") : "axis") + " of shape " +
+                          to_string(a0->shape) + " has no identity");
+  }
+  DType t = a0->dtype;
+  if (op == ops::ReduceOp::kArgmax) t = DType::kInt64;
+  if (op == ops::ReduceOp::kMean && !is_floating(t)) t = DType::kFloat64;
+  StatePtr a = dense(a0);
+  StatePtr out = new_array(ops::reduced_shape(a->shape, all, axis, keepdims), t,
+                           a->storage->device, name);
+  record(name, {a}, out, [op, all, axis](const std::vector<StatePtr>& in, const ArrayState& o) {
+    ops::cpu::reduce(op, view(*in[0]), all, axis, view(o));
+  });
+  return Access::wrap(out);
+}
+
+}  // namespace
+
+// ---- NDArray members ---------------------------------------------------------
+
+const Shape& NDArray::shape() const { return Access::state(*this, "shape")->shape; }
+DType NDArray::dtype() const { return Access::state(*this, "dtype")->dtype; }
+Device NDArray::device() const { return Access::state(*this, "device")->storage->device; }
+int NDArray::ndim() const { return static_cast<int>(shape().size()); }
+std::int64_t NDArray::size() const { return numel(shape()); }
+bool NDArray::is_contiguous() const { return contiguous(*Access::state(*this, "is_contiguous")); }
+bool NDArray::shares_storage_with(const NDArray& other) const {
+  return Access::state(*this, "shares_storage_with")->storage ==
+         Access::state(other, "shares_storage_with")->storage;
+}
+engine::Var NDArray::var() const { return Access::state(*this, "var")->storage->var; }
+
+void NDArray::wait_to_read() const {
+  nd::engine().wait_to_read(Access::state(*this, "wait_to_read")->storage->var);
+}
+void NDArray::wait_to_write() const {
+  nd::engine().wait_to_write(Access::state(*this, "wait_to_write")->storage->var);
+}
+
+void NDArray::read_into(void* dst, DType expected, std::int64_t expected_size,
+                        const char* call) const {
+  const StatePtr& s = Access::state(*this, call);
+  if (expected != s->dtype) {
+    throw InvalidArgument(std::string(call) + "<" + std::string(to_string(expected)) + ">: the array is " +
+                          std::string(to_string(s->dtype)) + " (use astype)");
+  }
+  const std::int64_t n = numel(s->shape);
+  if (expected_size >= 0 && n != expected_size) {
+    throw InvalidArgument(std::string(call) + ": needs an array of exactly one element, got shape " +
+                          to_string(s->shape));
+  }
+  nd::engine().wait_to_read(s->storage->var);
+  ops::TensorView out{dst, s->dtype, s->shape, contiguous_strides(s->shape), 0};
+  ops::cpu::copy_cast(view(*s), out);
+}
+
+NDArray NDArray::copy() const {
+  const StatePtr& a = Access::state(*this, "copy");
+  StatePtr out = new_array(a->shape, a->dtype, a->storage->device, "copy");
+  record("copy", {a}, out, [](const std::vector<StatePtr>& in, const ArrayState& o) {
+    ops::cpu::copy_cast(view(*in[0]), view(o));
+  });
+  return Access::wrap(out);
+}
+
+NDArray NDArray::astype(DType t) const {
+  const StatePtr& a = Access::state(*this, "astype");
+  StatePtr out = new_array(a->shape, t, a->storage->device, "astype");
+  record("astype", {a}, out, [](const std::vector<StatePtr>& in, const ArrayState& o) {
+    ops::cpu::copy_cast(view(*in[0]), view(o));
+  });
+  return Access::wrap(out);
+}
+
+NDArray NDArray::copyto(Device dev) const {
+  const StatePtr& a = Access::state(*this, "copyto");
+  (void)cpu(dev.id);  // validates the device
+  StatePtr out = new_array(a->shape, a->dtype, dev, "copyto");
+  record("copyto", {a}, out, [](const std::vector<StatePtr>& in, const ArrayState& o) {
+    ops::cpu::copy_cast(view(*in[0]), view(o));
+  });
+  return Access::wrap(out);
+}
+
+NDArray NDArray::as_in_device(Device dev) const {
+  const StatePtr& a = Access::state(*this, "as_in_device");
+  if (a->storage->device == dev) return *this;
+  return copyto(dev);
+}
+
+NDArray NDArray::reshape(const Shape& shape) const {
+  const StatePtr& a = Access::state(*this, "reshape");
+  Shape s = ops::reshape_shape(a->shape, shape);
+  StatePtr base = dense(a);
+  return Access::wrap(make_view(base, s, contiguous_strides(s), base->offset));
+}
+
+NDArray NDArray::transpose() const {
+  const StatePtr& a = Access::state(*this, "transpose");
+  if (a->shape.size() != 2) {
+    throw InvalidArgument("transpose(): needs a 2-D array, got shape " + to_string(a->shape) +
+                          " (pass a permutation for other ranks)");
+  }
+  return transpose({1, 0});
+}
+
+NDArray NDArray::transpose(const std::vector<int>& perm) const {
+  const StatePtr& a = Access::state(*this, "transpose");
+  ops::check_permutation(perm, static_cast<int>(a->shape.size()));
+  Shape s(perm.size());
+  Strides st(perm.size());
+  for (std::size_t i = 0; i < perm.size(); ++i) {
+    s[i] = a->shape[perm[i]];
+    st[i] = a->strides[perm[i]];
+  }
+  return Access::wrap(make_view(a, std::move(s), std::move(st), a->offset));
+}
+
+NDArray NDArray::slice(int axis, std::int64_t start, std::int64_t stop) const {
+  const StatePtr& a = Access::state(*this, "slice");
+  axis = ops::normalize_axis(axis, static_cast<int>(a->shape.size()), "slice");
+  const std::int64_t dim = a->shape[axis];
+  const std::int64_t b = start < 0 ? start + dim : start;
+  const std::int64_t e = stop < 0 ? stop + dim : stop;
+  if (b < 0 || e > dim || b > e) {
+    throw InvalidArgument("slice: [" + std::to_string(start) + ", " + std::to_string(stop) +
+                          ") is out of range for axis " + std::to_string(axis) + " of shape " +
+                          to_string(a->shape));
+  }
+  Shape s = a->shape;
+  s[axis] = e - b;
+  return Access::wrap(make_view(a, std::move(s), a->strides, a->offset + b * a->strides[axis]));
+}
+
+NDArray NDArray::sum() const { return reduce_op(ops::ReduceOp::kSum, *this, true, 0, false); }
+NDArray NDArray::sum(int axis, bool keepdims) const {
+  return reduce_op(ops::ReduceOp::kSum, *this, false, axis, keepdims);
+}
+NDArray NDArray::mean() const { return reduce_op(ops::ReduceOp::kMean, *this, true, 0, false); }
+NDArray NDArray::mean(int axis, bool keepdims) const {
+  return reduce_op(ops::ReduceOp::kMean, *this, false, axis, keepdims);
+}
+NDArray NDArray::max() const { return reduce_op(ops::ReduceOp::kMax, *this, true, 0, false); }
+NDArray NDArray::max(int axis, bool keepdims) const {
+  return reduce_op(ops::ReduceOp::kMax, *this, false, axis, keepdims);
+}
+NDArray NDArray::min() const { return reduce_op(ops::ReduceOp::kMin, *this, true, 0, false); }
+NDArray NDArray::min(int axis, bool keepdims) const {
+  return reduce_op(ops::ReduceOp::kMin, *this, false, axis, keepdims);
+}
+NDArray NDArray::argmax() const { return reduce_op(ops::ReduceOp::kArgmax, *this, true, 0, false); }
+NDArray NDArray::argmax(int axis, bool keepdims) const {
+  return reduce_op(ops::ReduceOp::kArgmax, *this, false, axis, keepdims);
+}
+
+NDArray& NDArray::operator+=(const NDArray& o) {
+  inplace_op(ops::BinaryOp::kAdd, Access::state(*this, "+="), Access::state(o, "+="), "add_");
+  return *this;
+}
+NDArray& NDArray::operator-=(const NDArray& o) {
+  inplace_op(ops::BinaryOp::kSub, Access::state(*this, "-="), Access::state(o, "-="), "sub_");
+  return *this;
+}
+NDArray& NDArray::operator*=(const NDArray& o) {
+  inplace_op(ops::BinaryOp::kMul, Access::state(*this, "*="), Access::state(o, "*="), "mul_");
+  return *this;
+}
+NDArray& NDArray::operator/=(const NDArray& o) {
+  inplace_op(ops::BinaryOp::kDiv, Access::state(*this, "/="), Access::state(o, "/="), "div_");
+  return *this;
+}
+NDArray& NDArray::operator+=(double s) {
+  inplace_scalar(ops::BinaryOp::kAdd, Access::state(*this, "+="), s, "add_");
+  return *this;
+}
+NDArray& NDArray::operator-=(double s) {
+  inplace_scalar(ops::BinaryOp::kSub, Access::state(*this, "-="), s, "sub_");
+  return *this;
+}
+NDArray& NDArray::operator*=(double s) {
+  inplace_scalar(ops::BinaryOp::kMul, Access::state(*this, "*="), s, "mul_");
+  return *this;
+}
+NDArray& NDArray::operator/=(double s) {
+  inplace_scalar(ops::BinaryOp::kDiv, Access::state(*this, "/="), s, "div_");
+  return *this;
+}
+
+// ---- free operators -------------------------------------------------------
+
+NDArray operator+(const NDArray& a, const NDArray& b) { return binary_op(ops::BinaryOp::kAdd, a, b); }
+NDArray operator-(const NDArray& a, const NDArray& b) { return binary_op(ops::BinaryOp::kSub, a, b); }
+NDArray operator*(const NDArray& a, const NDArray& b) { return binary_op(ops::BinaryOp::kMul, a, b); }
+NDArray operator/(const NDArray& a, const NDArray& b) { return binary_op(ops::BinaryOp::kDiv, a, b); }
+NDArray operator+(const NDArray& a, double s) { return scalar_op(ops::BinaryOp::kAdd, a, s, false); }
+NDArray operator-(const NDArray& a, double s) { return scalar_op(ops::BinaryOp::kSub, a, s, false); }
+NDArray operator*(const NDArray& a, double s) { return scalar_op(ops::BinaryOp::kMul, a, s, false); }
+NDArray operator/(const NDArray& a, double s) { return scalar_op(ops::BinaryOp::kDiv, a, s, false); }
+NDArray operator+(double s, const NDArray& a) { return scalar_op(ops::BinaryOp::kAdd, a, s, true); }
+NDArray operator-(double s, const NDArray& a) { return scalar_op(ops::BinaryOp::kSub, a, s, true); }
+NDArray operator*(double s, const NDArray& a) { return scalar_op(ops::BinaryOp::kMul, a, s, true); }
+NDArray operator/(double s, const NDArray& a) { return scalar_op(ops::BinaryOp::kDiv, a, s, true); }
+NDArray operator-(const NDArray& a) { return unary_op(ops::UnaryOp::kNeg, a); }
+
+NDArray operator==(const NDArray& a, const NDArray& b) { return compare_op(ops::CompareOp::kEq, a, b); }
+NDArray operator!=(const NDArray& a, const NDArray& b) { return compare_op(ops::CompareOp::kNe, a, b); }
+NDArray operator<(const NDArray& a, const NDArray& b) { return compare_op(ops::CompareOp::kLt, a, b); }
+NDArray operator<=(const NDArray& a, const NDArray& b) { return compare_op(ops::CompareOp::kLe, a, b); }
+NDArray operator>(const NDArray& a, const NDArray& b) { return compare_op(ops::CompareOp::kGt, a, b); }
+NDArray operator>=(const NDArray& a, const NDArray& b) { return compare_op(ops::CompareOp::kGe, a, b); }
+NDArray operator==(const NDArray& a, double s) { return compare_scalar_op(ops::CompareOp::kEq, a, s); }
+NDArray operator!=(const NDArray& a, double s) { return compare_scalar_op(ops::CompareOp::kNe, a, s); }
+NDArray operator<(const NDArray& a, double s) { return compare_scalar_op(ops::CompareOp::kLt, a, s); }
+NDArray operator<=(const NDArray& a, double s) { return compare_scalar_op(ops::CompareOp::kLe, a, s); }
+NDArray operator>(const NDArray& a, double s) { return compare_scalar_op(ops::CompareOp::kGt, a, s); }
+NDArray operator>=(const NDArray& a, double s) { return compare_scalar_op(ops::CompareOp::kGe, a, s); }
+
+namespace detail {
+
+NDArray make_array(const void* data, DType t, const Shape& shape, Device dev) {
+  (void)cpu(dev.id);
+  StatePtr out = new_array(shape, t, dev, "nd::array");
+  // The buffer is new and no op refers to it yet: fill it right here.
+  std::memcpy(out->storage->data, data, static_cast<std::size_t>(numel(shape)) * size_of(t));
+  return Access::wrap(out);
+}
+
+}  // namespace detail
+
+namespace nd {
+
+engine::Engine& engine() { return engine::Engine::get(); }
+std::int64_t memory_in_use() noexcept { return detail::g_bytes.load(std::memory_order_relaxed); }
+void waitall() { engine().waitall(); }
+
+NDArray full(const Shape& shape, double value, DType t, Device dev) {
+  (void)cpu(dev.id);
+  StatePtr out = new_array(shape, t, dev, "full");
+  record("full", {}, out, [value](const std::vector<StatePtr>&, const ArrayState& o) {
+    ops::cpu::fill(view(o), value);
+  });
+  return Access::wrap(out);
+}
+NDArray zeros(const Shape& shape, DType t, Device dev) { return full(shape, 0.0, t, dev); }
+NDArray ones(const Shape& shape, DType t, Device dev) { return full(shape, 1.0, t, dev); }
+
+NDArray arange(double start, double stop, double step, DType t, Device dev) {
+  (void)cpu(dev.id);
+  if (step == 0.0 || !(std::isfinite(start) && std::isfinite(stop) && std::isfinite(step))) {
+    throw InvalidArgument("arange: step must be non-zero and the bounds finite");
+  }
+  const double count = std::ceil((stop - start) / step);
+  const auto n = static_cast<std::int64_t>(count > 0 ? count : 0);
+  StatePtr out = new_array({n}, t, dev, "arange");
+  record("arange", {}, out, [start, step](const std::vector<StatePtr>&, const ArrayState& o) {
+    ops::cpu::arange(view(o), start, step);
+  });
+  return Access::wrap(out);
+}
+
+NDArray random_uniform(const Shape& shape, Device dev, std::uint64_t seed, double low, double high,
+                       DType t) {
+  (void)cpu(dev.id);
+  StatePtr out = new_array(shape, t, dev, "random_uniform");
+  record("random_uniform", {}, out, [seed, low, high](const std::vector<StatePtr>&, const ArrayState& o) {
+    ops::cpu::random_uniform(view(o), seed, low, high);
+  });
+  return Access::wrap(out);
+}
+
+NDArray random_normal(const Shape& shape, Device dev, std::uint64_t seed, double mean, double stddev,
+                      DType t) {
+  (void)cpu(dev.id);
+  StatePtr out = new_array(shape, t, dev, "random_normal");
+  record("random_normal", {}, out, [seed, mean, stddev](const std::vector<StatePtr>&, const ArrayState& o) {
+    ops::cpu::random_normal(view(o), seed, mean, stddev);
+  });
+  return Access::wrap(out);
+}
+
+NDArray neg(const NDArray& a) { return unary_op(ops::UnaryOp::kNeg, a); }
+NDArray abs(const NDArray& a) { return unary_op(ops::UnaryOp::kAbs, a); }
+NDArray exp(const NDArray& a) { return unary_op(ops::UnaryOp::kExp, a); }
+NDArray log(const NDArray& a) { return unary_op(ops::UnaryOp::kLog, a); }
+NDArray sqrt(const NDArray& a) { return unary_op(ops::UnaryOp::kSqrt, a); }
+NDArray tanh(const NDArray& a) { return unary_op(ops::UnaryOp::kTanh, a); }
+NDArray sigmoid(const NDArray& a) { return unary_op(ops::UnaryOp::kSigmoid, a); }
+NDArray relu(const NDArray& a) { return unary_op(ops::UnaryOp::kRelu, a); }
+NDArray pow(const NDArray& a, const NDArray& b) { return binary_op(ops::BinaryOp::kPow, a, b); }
+NDArray pow(const NDArray& a, double e) { return scalar_op(ops::BinaryOp::kPow, a, e, false); }
+NDArray maximum(const NDArray& a, const NDArray& b) { return binary_op(ops::BinaryOp::kMax, a, b); }
+NDArray minimum(const NDArray& a, const NDArray& b) { return binary_op(ops::BinaryOp::kMin, a, b); }
+
+NDArray where(const NDArray& cond, const NDArray& x, const NDArray& y) {
+  const StatePtr& c = Access::state(cond, "where");
+  const StatePtr& a = Access::state(x, "where");
+  const StatePtr& b = Access::state(y, "where");
+  const Device dev = common_device({c.get(), a.get(), b.get()}, "where");
+  if (c->dtype != DType::kBool) {
+    throw InvalidArgument("where: the condition must be a bool array, got " +
+                          std::string(to_string(c->dtype)));
+  }
+  same_dtype(*a, *b, "where");
+  Shape s = ops::broadcast_shapes(ops::broadcast_shapes(c->shape, a->shape, "where"), b->shape, "where");
+  StatePtr out = new_array(s, a->dtype, dev, "where");
+  record("where", {c, a, b}, out, [](const std::vector<StatePtr>& in, const ArrayState& o) {
+    ops::cpu::where(view(*in[0]), view(*in[1]), view(*in[2]), view(o));
+  });
+  return Access::wrap(out);
+}
+
+NDArray matmul(const NDArray& x, const NDArray& y) {
+  const StatePtr& a0 = Access::state(x, "matmul");
+  const StatePtr& b0 = Access::state(y, "matmul");
+  const Device dev = common_device({a0.get(), b0.get()}, "matmul");
+  same_dtype(*a0, *b0, "matmul");
+  floating(*a0, "matmul");
+  Shape s = ops::matmul_shape(a0->shape, b0->shape);
+  StatePtr a = dense(a0);
+  StatePtr b = dense(b0);
+  StatePtr out = new_array(s, a->dtype, dev, "matmul");
+  record("matmul", {a, b}, out, [](const std::vector<StatePtr>& in, const ArrayState& o) {
+    ops::cpu::matmul(view(*in[0]), view(*in[1]), view(o));
+  });
+  return Access::wrap(out);
+}
+
+NDArray dot(const NDArray& a, const NDArray& b) { return matmul(a, b); }
+
+NDArray concat(const std::vector<NDArray>& arrays, int axis) {
+  if (arrays.empty()) throw InvalidArgument("concat: no arrays given");
+  std::vector<StatePtr> in;
+  for (const auto& a : arrays) in.push_back(Access::state(a, "concat"));
+  const StatePtr& first = in[0];
+  axis = ops::normalize_axis(axis, static_cast<int>(first->shape.size()), "concat");
+  Shape s = first->shape;
+  s[axis] = 0;
+  for (const auto& a : in) {
+    if (!(a->storage->device == first->storage->device)) {
+      throw DeviceMismatch("concat: operands live on " + first->storage->device.str() + " and " +
+                           a->storage->device.str() + "; move one with copyto(device)");
+    }
+    same_dtype(*first, *a, "concat");
+    bool ok = a->shape.size() == first->shape.size();
+    for (std::size_t d = 0; ok && d < s.size(); ++d) {
+      ok = static_cast<int>(d) == axis || a->shape[d] == first->shape[d];
+    }
+    if (!ok) {
+      throw InvalidArgument("concat: shapes " + to_string(first->shape) + " and " +
+                            to_string(a->shape) + " differ outside axis " + std::to_string(axis));
+    }
+    s[axis] += a->shape[axis];
+  }
+  StatePtr out = new_array(s, first->dtype, first->storage->device, "concat");
+  std::vector<engine::Var> reads;
+  for (const auto& a : in) reads.push_back(a->storage->var);
+  const engine::Var writes[] = {out->storage->var};
+  nd::engine().push(
+      [in, out, axis](const engine::RunContext&) {
+        std::int64_t at = 0;
+        for (const auto& a : in) {
+          ops::TensorView dst = view(*out);
+          dst.shape[axis] = a->shape[axis];
+          dst.offset += at * dst.strides[axis];
+          ops::cpu::copy_cast(view(*a), dst);
+          at += a->shape[axis];
+        }
+      },
+      reads, writes, {.device = out->storage->device, .priority = 0, .name = "concat"});
+  return Access::wrap(out);
+}
+
+}  // namespace nd
+}  // namespace lazydag

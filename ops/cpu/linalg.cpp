@@ -1,0 +1,80 @@
+// CPU matmul through CBLAS (OpenBLAS). OpenBLAS runs single-threaded here and
+// a large product is split into fixed blocks of 64 rows run as oneTBB tasks:
+// the engine's workers are the only threads, so BLAS never oversubscribes the
+// cores, and the split does not depend on the thread count (deterministic).
+#include <cblas.h>
+
+#include <mutex>
+#include <type_traits>
+
+#include "iterate.hpp"
+
+namespace lazydag::ops::cpu {
+
+namespace {
+
+constexpr std::int64_t kRowBlock = 64;
+// Below this many multiply-adds a product runs as one BLAS call.
+constexpr std::int64_t kParallelFlops = 1 << 21;
+
+void single_threaded_blas() {
+  static std::once_flag once;
+  std::call_once(once, [] { openblas_set_num_threads(1); });
+}
+
+template <class T>
+void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, const T* b, T* c) {
+  const auto M = static_cast<blasint>(m);
+  const auto N = static_cast<blasint>(n);
+  const auto K = static_cast<blasint>(k);
+  if constexpr (std::is_same_v<T, float>) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.0F, a, K, b, N, 0.0F, c, N);
+  } else {
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.0, a, K, b, N, 0.0, c, N);
+  }
+}
+
+}  // namespace
+
+void matmul(const TensorView& a, const TensorView& b, const TensorView& out) {
+  single_threaded_blas();
+  const bool batched = a.shape.size() == 3;
+  const std::int64_t batch = batched ? a.shape[0] : 1;
+  const std::int64_t m = a.shape[batched ? 1 : 0];
+  const std::int64_t k = a.shape[batched ? 2 : 1];
+  const std::int64_t n = b.shape[batched ? 2 : 1];
+  if (m == 0 || n == 0) return;
+  auto run = [&]<class T>() {
+    const T* pa = detail::typed<T>(a) + a.offset;
+    const T* pb = detail::typed<T>(b) + b.offset;
+    T* pc = detail::typed<T>(out) + out.offset;
+    if (k == 0) {
+      for (std::int64_t i = 0; i < batch * m * n; ++i) pc[i] = T(0);
+      return;
+    }
+    const std::int64_t blocks = (m + kRowBlock - 1) / kRowBlock;
+    auto block = [&](std::int64_t t) {
+      const std::int64_t bi = t / blocks;
+      const std::int64_t r0 = (t % blocks) * kRowBlock;
+      const std::int64_t rows = std::min(kRowBlock, m - r0);
+      gemm<T>(rows, n, k, pa + bi * m * k + r0 * k, pb + bi * k * n, pc + bi * m * n + r0 * n);
+    };
+    if (batch * m * n * k < kParallelFlops) {
+      for (std::int64_t bi = 0; bi < batch; ++bi) {
+        gemm<T>(m, n, k, pa + bi * m * k, pb + bi * k * n, pc + bi * m * n);
+      }
+      return;
+    }
+    tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, batch * blocks, 1),
+                      [&](const tbb::blocked_range<std::int64_t>& r) {
+                        for (std::int64_t t = r.begin(); t < r.end(); ++t) block(t);
+                      });
+  };
+  if (a.dtype == DType::kFloat32) {
+    run.template operator()<float>();
+  } else {
+    run.template operator()<double>();
+  }
+}
+
+}  // namespace lazydag::ops::cpu

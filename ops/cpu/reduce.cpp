@@ -1,0 +1,156 @@
+// CPU reductions (sum, mean, max, min, argmax) over everything or one axis.
+// Deterministic: partial results are combined in a fixed order, whatever the
+// number of threads, so results never depend on the engine's configuration.
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <type_traits>
+#include <vector>
+
+#include "iterate.hpp"
+
+namespace lazydag::ops::cpu {
+
+namespace {
+
+constexpr std::int64_t kChunk = 1 << 16;
+
+template <class T>
+using Acc = std::conditional_t<std::is_floating_point_v<T>, double, std::int64_t>;
+
+// The running state of one reduction lane.
+template <class T>
+struct Partial {
+  Acc<T> sum = 0;
+  T best{};
+  std::int64_t index = -1;  // of `best`; -1 while empty
+
+  void add(T v, std::int64_t i) {
+    sum += static_cast<Acc<T>>(v);
+    if (index < 0) {
+      best = v;
+      index = i;
+    }
+  }
+  void keep_max(T v, std::int64_t i) {
+    if (index < 0 || v > best || (v != v && best == best)) {  // first NaN wins, like NumPy
+      best = v;
+      index = i;
+    }
+  }
+  void keep_min(T v, std::int64_t i) {
+    if (index < 0 || v < best || (v != v && best == best)) {
+      best = v;
+      index = i;
+    }
+  }
+  void step(ReduceOp op, T v, std::int64_t i) {
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kMean: sum += static_cast<Acc<T>>(v); break;
+      case ReduceOp::kMax:
+      case ReduceOp::kArgmax: keep_max(v, i); break;
+      case ReduceOp::kMin: keep_min(v, i); break;
+    }
+  }
+  // Later chunks merge into earlier ones: ties keep the first index.
+  void merge(ReduceOp op, const Partial& o) {
+    if (o.index < 0 && (op == ReduceOp::kMax || op == ReduceOp::kMin || op == ReduceOp::kArgmax)) {
+      return;
+    }
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kMean: sum += o.sum; break;
+      case ReduceOp::kMax:
+      case ReduceOp::kArgmax: keep_max(o.best, o.index); break;
+      case ReduceOp::kMin: keep_min(o.best, o.index); break;
+    }
+  }
+  template <class O>
+  O result(ReduceOp op, std::int64_t len) const {
+    switch (op) {
+      case ReduceOp::kSum: return static_cast<O>(sum);
+      case ReduceOp::kMean:
+        return static_cast<O>(len == 0 ? std::numeric_limits<double>::quiet_NaN()
+                                       : static_cast<double>(sum) / static_cast<double>(len));
+      case ReduceOp::kMax:
+      case ReduceOp::kMin: return static_cast<O>(best);
+      case ReduceOp::kArgmax: return static_cast<O>(index);
+    }
+    return O{};
+  }
+};
+
+}  // namespace
+
+void reduce(ReduceOp op, const TensorView& a, bool all, int axis, const TensorView& out) {
+  // `a` is contiguous (the frontend copies strided views first).
+  const auto& s = a.shape;
+  std::int64_t outer = 1;
+  std::int64_t len = 1;
+  std::int64_t inner = 1;
+  for (int d = 0; d < static_cast<int>(s.size()); ++d) {
+    if (all || d == axis) {
+      len *= s[d];
+    } else if (d < axis) {
+      outer *= s[d];
+    } else {
+      inner *= s[d];
+    }
+  }
+  if (all) {
+    outer = 1;
+    inner = 1;
+  }
+  dispatch(a.dtype, [&]<class T>() {
+    dispatch(out.dtype, [&]<class O>() {
+      if constexpr (std::is_same_v<T, bool> || std::is_same_v<O, bool>) {
+        throw std::logic_error("reduction on bool");  // refused at record time
+      } else {
+        const T* x = detail::typed<T>(a) + a.offset;
+        O* y = detail::typed<O>(out) + out.offset;
+        if (outer * inner == 1) {
+          // One lane, possibly long: fixed-size chunks in parallel, merged in order.
+          const std::int64_t chunks = std::max<std::int64_t>(1, (len + kChunk - 1) / kChunk);
+          std::vector<Partial<T>> part(static_cast<std::size_t>(chunks));
+          auto run = [&](std::int64_t c0, std::int64_t c1) {
+            for (std::int64_t c = c0; c < c1; ++c) {
+              const std::int64_t end = std::min(len, (c + 1) * kChunk);
+              for (std::int64_t i = c * kChunk; i < end; ++i) part[c].step(op, x[i], i);
+            }
+          };
+          if (chunks == 1) {
+            run(0, 1);
+          } else {
+            tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, chunks, 1),
+                              [&](const tbb::blocked_range<std::int64_t>& r) { run(r.begin(), r.end()); });
+          }
+          Partial<T> total = part[0];
+          for (std::int64_t c = 1; c < chunks; ++c) total.merge(op, part[c]);
+          y[0] = total.template result<O>(op, len);
+          return;
+        }
+        // One lane per output element, each reduced sequentially.
+        auto lanes = [&](std::int64_t o0, std::int64_t o1) {
+          for (std::int64_t o = o0; o < o1; ++o) {
+            const T* lane = x + (o / inner) * len * inner + o % inner;
+            Partial<T> p;
+            for (std::int64_t k = 0; k < len; ++k) p.step(op, lane[k * inner], k);
+            y[o] = p.template result<O>(op, len);
+          }
+        };
+        const std::int64_t outputs = outer * inner;
+        if (outputs * len < detail::kParallelElements) {
+          lanes(0, outputs);
+        } else {
+          const std::int64_t grain =
+              std::max<std::int64_t>(1, detail::kParallelElements / std::max<std::int64_t>(len, 1));
+          tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, outputs, grain),
+                            [&](const tbb::blocked_range<std::int64_t>& r) { lanes(r.begin(), r.end()); });
+        }
+      }
+    });
+  });
+}
+
+}  // namespace lazydag::ops::cpu

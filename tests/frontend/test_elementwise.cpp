@@ -1,0 +1,242 @@
+// Elementwise ops against double-precision reference loops on random inputs,
+// for every dtype they support, with NumPy broadcasting edge cases.
+#include "reference.hpp"
+
+#include <functional>
+
+using namespace lazydag;
+using namespace lazydag::test;
+
+namespace {
+
+struct ShapePair {
+  Shape a;
+  Shape b;
+};
+
+// size-1 dims, size-0 dims, rank-0 scalars, mismatched ranks, strided-free.
+const std::vector<ShapePair>& shape_pairs() {
+  static const std::vector<ShapePair> v = {
+      {{3, 4}, {3, 4}}, {{3, 4}, {4}},       {{2, 1, 4}, {3, 1}}, {{5}, {}},
+      {{}, {}},         {{4, 1}, {1, 5}},    {{0, 3}, {1, 3}},    {{2, 3, 0}, {3, 1}},
+      {{1}, {7}},       {{2, 1, 3, 1}, {4, 1, 5}}, {{40000}, {40000}}, {{300, 200}, {200}},
+  };
+  return v;
+}
+
+using Ref = std::function<double(double, double)>;
+
+void check_binary(const char* name, const std::function<NDArray(const NDArray&, const NDArray&)>& op,
+                  const Ref& ref, DType t, double lo, double hi, bool nonzero_b = false) {
+  std::uint32_t seed = 1;
+  for (const auto& p : shape_pairs()) {
+    CAPTURE(name);
+    CAPTURE(to_string(t));
+    CAPTURE(to_string(p.a));
+    CAPTURE(to_string(p.b));
+    NDArray a = random_array(p.a, t, seed++, lo, hi);
+    NDArray b = random_array(p.b, t, seed++, lo, hi);
+    if (nonzero_b) b = nd::where(b == 0.0, nd::full(p.b, 1.0, t), b);
+    NDArray c = op(a, b);
+    const Shape out = ops::broadcast_shapes(p.a, p.b, "test");
+    CHECK(c.shape() == out);
+    CHECK(c.dtype() == t);
+    const auto va = values(a);
+    const auto vb = values(b);
+    std::vector<double> want(static_cast<std::size_t>(numel(out)));
+    for (std::int64_t i = 0; i < numel(out); ++i) {
+      double r = ref(va[broadcast_index(out, p.a, i)], vb[broadcast_index(out, p.b, i)]);
+      if (is_integral(t)) r = t == DType::kInt32 ? static_cast<double>(static_cast<std::int32_t>(r)) : std::trunc(r);
+      want[i] = r;
+    }
+    check_close(values(c), want, tolerance(t));
+  }
+}
+
+}  // namespace
+
+TEST_SUITE("ndarray") {
+  TEST_CASE("Elementwise.ArithmeticMatchesReference" * doctest::timeout(120)) {
+    for (DType t : numeric_dtypes()) {
+      check_binary("add", [](auto& a, auto& b) { return a + b; }, std::plus<>(), t, -50, 50);
+      check_binary("sub", [](auto& a, auto& b) { return a - b; }, std::minus<>(), t, -50, 50);
+      check_binary("mul", [](auto& a, auto& b) { return a * b; }, std::multiplies<>(), t, -50, 50);
+      check_binary("div", [](auto& a, auto& b) { return a / b; },
+                   [t](double x, double y) { return is_integral(t) ? std::trunc(x / y) : x / y; }, t,
+                   -50, 50, /*nonzero_b=*/true);
+      check_binary("maximum", [](auto& a, auto& b) { return nd::maximum(a, b); },
+                   [](double x, double y) { return std::max(x, y); }, t, -50, 50);
+      check_binary("minimum", [](auto& a, auto& b) { return nd::minimum(a, b); },
+                   [](double x, double y) { return std::min(x, y); }, t, -50, 50);
+      if (is_floating(t)) {
+        check_binary("pow", [](auto& a, auto& b) { return nd::pow(a, b); },
+                     [](double x, double y) { return std::pow(x, y); }, t, 0.5, 2.0);
+      }
+    }
+  }
+
+  TEST_CASE("Elementwise.ScalarOperandsTakeTheArrayDtype" * doctest::timeout(60)) {
+    for (DType t : numeric_dtypes()) {
+      CAPTURE(to_string(t));
+      NDArray a = random_array({6, 7}, t, 11, 1, 40);
+      const auto va = values(a);
+      auto check = [&](const NDArray& got, const std::function<double(double)>& f) {
+        CHECK(got.dtype() == t);
+        std::vector<double> want;
+        for (double x : va) {
+          double r = f(x);
+          want.push_back(is_integral(t) ? std::trunc(r) : r);
+        }
+        check_close(values(got), want, tolerance(t));
+      };
+      check(a + 3.0, [](double x) { return x + 3; });
+      check(3.0 - a, [](double x) { return 3 - x; });
+      check(a * 2.0, [](double x) { return x * 2; });
+      check(a / 4.0, [](double x) { return x / 4; });
+      check(100.0 / a, [](double x) { return 100 / x; });
+      check(-a, [](double x) { return -x; });
+    }
+  }
+
+  TEST_CASE("Elementwise.UnaryOpsMatchReference" * doctest::timeout(60)) {
+    struct U {
+      const char* name;
+      NDArray (*op)(const NDArray&);
+      double (*ref)(double);
+      bool floats_only;
+      double lo;
+      double hi;
+    };
+    const U cases[] = {
+        {"neg", nd::neg, [](double x) { return -x; }, false, -5, 5},
+        {"abs", nd::abs, [](double x) { return std::abs(x); }, false, -5, 5},
+        {"relu", nd::relu, [](double x) { return x > 0 ? x : 0.0; }, false, -5, 5},
+        {"exp", nd::exp, [](double x) { return std::exp(x); }, true, -5, 5},
+        {"log", nd::log, [](double x) { return std::log(x); }, true, 0.01, 5},
+        {"sqrt", nd::sqrt, [](double x) { return std::sqrt(x); }, true, 0, 5},
+        {"tanh", nd::tanh, [](double x) { return std::tanh(x); }, true, -5, 5},
+        {"sigmoid", nd::sigmoid, [](double x) { return 1.0 / (1.0 + std::exp(-x)); }, true, -8, 8},
+    };
+    for (const auto& u : cases) {
+      for (DType t : numeric_dtypes()) {
+        CAPTURE(u.name);
+        CAPTURE(to_string(t));
+        if (u.floats_only && !is_floating(t)) {
+          CHECK_THROWS_AS((void)u.op(nd::ones({2}, t)), InvalidArgument);
+          continue;
+        }
+        for (const Shape& s : {Shape{}, Shape{0}, Shape{3, 5}, Shape{50000}}) {
+          NDArray a = random_array(s, t, 21, u.lo, u.hi);
+          std::vector<double> want;
+          for (double x : values(a)) want.push_back(u.ref(x));
+          NDArray r = u.op(a);
+          CHECK(r.shape() == s);
+          check_close(values(r), want, tolerance(t) * 4);
+        }
+      }
+    }
+  }
+
+  TEST_CASE("Elementwise.ComparisonsAndWhere" * doctest::timeout(60)) {
+    for (DType t : {DType::kFloat32, DType::kFloat64, DType::kInt32, DType::kInt64, DType::kBool}) {
+      CAPTURE(to_string(t));
+      NDArray a = random_array({4, 5}, t, 5, -3, 3);
+      NDArray b = random_array({5}, t, 6, -3, 3);
+      const auto va = values(a);
+      const auto vb = values(b);
+      const Shape out{4, 5};
+      auto check = [&](const NDArray& got, const std::function<bool(double, double)>& f) {
+        CHECK(got.dtype() == DType::kBool);
+        std::vector<double> want;
+        for (std::int64_t i = 0; i < 20; ++i) {
+          want.push_back(f(va[broadcast_index(out, {4, 5}, i)], vb[broadcast_index(out, {5}, i)]) ? 1 : 0);
+        }
+        check_close(values(got), want, 0);
+      };
+      check(a == b, std::equal_to<>());
+      check(a != b, std::not_equal_to<>());
+      check(a < b, std::less<>());
+      check(a <= b, std::less_equal<>());
+      check(a > b, std::greater<>());
+      check(a >= b, std::greater_equal<>());
+      // where picks from broadcast operands
+      NDArray w = nd::where(a > b, a, nd::full({1}, 0.0, t));
+      std::vector<double> want;
+      for (std::int64_t i = 0; i < 20; ++i) {
+        const double x = va[i];
+        want.push_back(x > vb[i % 5] ? x : 0.0);
+      }
+      check_close(values(w), want, 0);
+    }
+    NDArray x = nd::arange(0, 10, 1, DType::kInt32);
+    CHECK(values(x < 4.5) == std::vector<double>{1, 1, 1, 1, 1, 0, 0, 0, 0, 0});
+  }
+
+  TEST_CASE("Elementwise.AstypeConverts" * doctest::timeout(60)) {
+    NDArray a = nd::array<double>({-2.7, -0.5, 0.0, 0.5, 3.9}, {5});
+    CHECK(a.astype(DType::kInt32).to_vector<std::int32_t>() == std::vector<std::int32_t>{-2, 0, 0, 0, 3});
+    CHECK(a.astype(DType::kBool).to_vector<bool>() == std::vector<bool>{true, true, false, true, true});
+    CHECK(a.astype(DType::kFloat32).to_vector<float>() ==
+          std::vector<float>{-2.7F, -0.5F, 0.0F, 0.5F, 3.9F});
+    NDArray b = nd::array<bool>({true, false}, {2});
+    CHECK(b.astype(DType::kInt64).to_vector<std::int64_t>() == std::vector<std::int64_t>{1, 0});
+  }
+
+  TEST_CASE("Elementwise.InPlaceOpsAreRecordedWrites" * doctest::timeout(60)) {
+    for (DType t : numeric_dtypes()) {
+      CAPTURE(to_string(t));
+      NDArray a = random_array({3, 4}, t, 31, -20, 20);
+      NDArray b = random_array({4}, t, 32, 1, 20);
+      const auto va = values(a);
+      const auto vb = values(b);
+      NDArray before = a.copy();  // recorded before the writes: sees the old values
+      NDArray alias = a;          // a handle copy shares the storage
+      a += b;
+      a *= 2.0;
+      a -= b;
+      std::vector<double> want;
+      for (int i = 0; i < 12; ++i) want.push_back((va[i] + vb[i % 4]) * 2 - vb[i % 4]);
+      check_close(values(alias), want, tolerance(t));
+      check_close(values(before), va, 0);
+      NDArray c = alias.copy();
+      c /= b;
+      std::vector<double> wq;
+      for (int i = 0; i < 12; ++i) {
+        double q = want[i] / vb[i % 4];
+        wq.push_back(is_integral(t) ? std::trunc(q) : q);
+      }
+      check_close(values(c), wq, tolerance(t));
+    }
+  }
+
+  TEST_CASE("Elementwise.WritesThroughViewsAreOrderedWithReadsOfTheBase" * doctest::timeout(60)) {
+    NDArray base = nd::zeros({4, 6}, DType::kFloat64);
+    NDArray row = base.slice(0, 1, 2);        // a view of row 1
+    NDArray col = base.transpose().slice(0, 2, 3);  // a view of column 2
+    NDArray snapshot0 = base.sum();           // recorded before any write
+    row += 1.0;
+    NDArray snapshot1 = base.sum();           // after the row write
+    col += nd::full({1, 4}, 10.0, DType::kFloat64);
+    NDArray snapshot2 = base.sum();
+    CHECK(snapshot0.item<double>() == 0.0);
+    CHECK(snapshot1.item<double>() == 6.0);
+    CHECK(snapshot2.item<double>() == 46.0);
+    auto v = base.to_vector<double>();
+    CHECK(v[1 * 6 + 2] == 11.0);
+    CHECK(v[0 * 6 + 2] == 10.0);
+    CHECK(v[1 * 6 + 0] == 1.0);
+    // a += a.T reads what it writes through another view: a copy is taken first
+    NDArray sq = nd::array<double>({1, 2, 3, 4}, {2, 2});
+    sq += sq.transpose();
+    CHECK(sq.to_vector<double>() == std::vector<double>{2, 5, 5, 8});
+  }
+
+  TEST_CASE("Elementwise.IntegerDivisionByZeroFailsTheOp" * doctest::timeout(60)) {
+    NDArray a = nd::array<std::int32_t>({1, 2, 3}, {3});
+    NDArray z = nd::array<std::int32_t>({1, 0, 1}, {3});
+    NDArray q = a / z;
+    CHECK_THROWS_AS(q.wait_to_read(), OpError);
+    NDArray fine = a + 1.0;  // the engine is unaffected
+    CHECK(fine.to_vector<std::int32_t>() == std::vector<std::int32_t>{2, 3, 4});
+  }
+}

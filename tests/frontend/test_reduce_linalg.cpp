@@ -1,0 +1,187 @@
+// Reductions over everything and over each axis, and matmul (2-D and
+// batched), against double-precision reference loops on random inputs.
+#include "reference.hpp"
+
+#include <limits>
+
+using namespace lazydag;
+using namespace lazydag::test;
+
+namespace {
+
+enum class R { kSum, kMean, kMax, kMin, kArgmax };
+
+NDArray apply(R r, const NDArray& a, bool all, int axis, bool keep) {
+  switch (r) {
+    case R::kSum: return all ? a.sum() : a.sum(axis, keep);
+    case R::kMean: return all ? a.mean() : a.mean(axis, keep);
+    case R::kMax: return all ? a.max() : a.max(axis, keep);
+    case R::kMin: return all ? a.min() : a.min(axis, keep);
+    case R::kArgmax: return all ? a.argmax() : a.argmax(axis, keep);
+  }
+  return {};
+}
+
+// Reference reduction of `v` (row-major, shape s) over `axis` (or all).
+std::vector<double> reference(R r, const std::vector<double>& v, const Shape& s, bool all, int axis) {
+  std::int64_t outer = 1;
+  std::int64_t len = 1;
+  std::int64_t inner = 1;
+  for (int d = 0; d < static_cast<int>(s.size()); ++d) {
+    if (all || d == axis) len *= s[d];
+    else if (d < axis) outer *= s[d];
+    else inner *= s[d];
+  }
+  if (all) outer = inner = 1;
+  std::vector<double> out;
+  for (std::int64_t o = 0; o < outer * inner; ++o) {
+    double acc = 0;
+    double best = 0;
+    std::int64_t bi = -1;
+    for (std::int64_t k = 0; k < len; ++k) {
+      const double x = v[(o / inner) * len * inner + k * inner + o % inner];
+      acc += x;
+      const bool better = bi < 0 || (r == R::kMin ? x < best : x > best);
+      if (better) {
+        best = x;
+        bi = k;
+      }
+    }
+    switch (r) {
+      case R::kSum: out.push_back(acc); break;
+      case R::kMean: out.push_back(len == 0 ? std::numeric_limits<double>::quiet_NaN() : acc / len); break;
+      case R::kMax:
+      case R::kMin: out.push_back(best); break;
+      case R::kArgmax: out.push_back(static_cast<double>(bi)); break;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_SUITE("ndarray") {
+  TEST_CASE("Reduce.EveryOpDtypeAndAxisMatchesReference" * doctest::timeout(180)) {
+    const std::vector<Shape> shapes = {{7}, {3, 4}, {2, 3, 5}, {4, 1, 6}, {200000}, {300, 257}};
+    std::uint32_t seed = 100;
+    for (DType t : numeric_dtypes()) {
+      for (const Shape& s : shapes) {
+        NDArray a = random_array(s, t, seed++, -40, 40);
+        const auto va = values(a);
+        for (R r : {R::kSum, R::kMean, R::kMax, R::kMin, R::kArgmax}) {
+          CAPTURE(to_string(t));
+          CAPTURE(to_string(s));
+          CAPTURE(static_cast<int>(r));
+          // over everything
+          NDArray all = apply(r, a, true, 0, false);
+          CHECK(all.shape() == Shape{});
+          check_close(values(all), reference(r, va, s, true, 0), tolerance(all.dtype()) * 10);
+          // over each axis, given positively and negatively, with and without keepdims
+          const int rank = static_cast<int>(s.size());
+          for (int axis = 0; axis < rank; ++axis) {
+            for (bool keep : {false, true}) {
+              NDArray red = apply(r, a, false, keep ? axis - rank : axis, keep);
+              Shape want_shape = s;
+              if (keep) want_shape[axis] = 1;
+              else want_shape.erase(want_shape.begin() + axis);
+              CHECK(red.shape() == want_shape);
+              check_close(values(red), reference(r, va, s, false, axis), tolerance(red.dtype()) * 10);
+            }
+          }
+        }
+        // output dtypes
+        CHECK(a.sum().dtype() == t);
+        CHECK(a.argmax().dtype() == DType::kInt64);
+        CHECK(a.mean().dtype() == (is_floating(t) ? t : DType::kFloat64));
+      }
+    }
+  }
+
+  TEST_CASE("Reduce.StridedViewsAndEmptyArrays" * doctest::timeout(60)) {
+    NDArray a = random_array({5, 8}, DType::kFloat64, 7);
+    const auto va = values(a);
+    NDArray t = a.transpose();  // not contiguous: reduced through a copy
+    std::vector<double> want(8, 0.0);
+    for (int i = 0; i < 5; ++i) {
+      for (int j = 0; j < 8; ++j) want[j] += va[i * 8 + j];
+    }
+    check_close(values(t.sum(1)), want, 1e-12);
+    NDArray empty = nd::zeros({0, 3});
+    CHECK(empty.sum().item<float>() == 0.0F);
+    CHECK(values(empty.sum(0)) == std::vector<double>{0, 0, 0});
+    CHECK(std::isnan(empty.mean().item<float>()));
+    CHECK_THROWS_AS((void)empty.max(), InvalidArgument);
+    CHECK_THROWS_AS((void)empty.argmax(0), InvalidArgument);
+    CHECK_NOTHROW((void)empty.max(1));  // zero lanes of length 3: nothing to reduce
+  }
+
+  TEST_CASE("Linalg.MatmulMatchesReference" * doctest::timeout(180)) {
+    struct Case {
+      Shape a;
+      Shape b;
+    };
+    const std::vector<Case> cases = {
+        {{1, 1}, {1, 1}},       {{3, 4}, {4, 5}},          {{17, 33}, {33, 9}},
+        {{130, 70}, {70, 150}}, {{2, 3, 4}, {2, 4, 6}},    {{3, 70, 90}, {3, 90, 80}},
+        {{4, 0}, {0, 3}},       {{0, 5}, {5, 2}},
+    };
+    std::uint32_t seed = 500;
+    for (DType t : {DType::kFloat32, DType::kFloat64}) {
+      for (const auto& c : cases) {
+        CAPTURE(to_string(t));
+        CAPTURE(to_string(c.a));
+        CAPTURE(to_string(c.b));
+        NDArray a = random_array(c.a, t, seed++, -1, 1);
+        NDArray b = random_array(c.b, t, seed++, -1, 1);
+        NDArray p = nd::matmul(a, b);
+        const bool batched = c.a.size() == 3;
+        const std::int64_t nb = batched ? c.a[0] : 1;
+        const std::int64_t m = c.a[batched ? 1 : 0];
+        const std::int64_t k = c.a[batched ? 2 : 1];
+        const std::int64_t n = c.b[batched ? 2 : 1];
+        const auto va = values(a);
+        const auto vb = values(b);
+        std::vector<double> want(static_cast<std::size_t>(nb * m * n), 0.0);
+        for (std::int64_t q = 0; q < nb; ++q) {
+          for (std::int64_t i = 0; i < m; ++i) {
+            for (std::int64_t j = 0; j < n; ++j) {
+              double acc = 0;
+              for (std::int64_t l = 0; l < k; ++l) acc += va[q * m * k + i * k + l] * vb[q * k * n + l * n + j];
+              want[q * m * n + i * n + j] = acc;
+            }
+          }
+        }
+        check_close(values(p), want, t == DType::kFloat32 ? 1e-4 : 1e-10);
+      }
+    }
+    // transposed (strided) operands and dot == matmul
+    NDArray a = random_array({40, 30}, DType::kFloat64, 9);
+    NDArray b = random_array({40, 20}, DType::kFloat64, 10);
+    NDArray atb = nd::dot(a.transpose(), b);
+    CHECK(atb.shape() == Shape{30, 20});
+    const auto va = values(a);
+    const auto vb = values(b);
+    double want00 = 0;
+    for (int l = 0; l < 40; ++l) want00 += va[l * 30] * vb[l * 20];
+    CHECK(values(atb)[0] == doctest::Approx(want00).epsilon(1e-12));
+  }
+
+  TEST_CASE("Linalg.LargeProductIsIndependentOfTheBlocking" * doctest::timeout(120)) {
+    // Large enough for the row-blocked parallel path; the same product twice
+    // must be bit-identical (fixed blocking), and close to the reference.
+    NDArray a = nd::random_uniform({300, 200}, cpu(), 3, -1, 1);
+    NDArray b = nd::random_uniform({200, 250}, cpu(), 4, -1, 1);
+    auto p1 = nd::matmul(a, b).to_vector<float>();
+    auto p2 = nd::matmul(a, b).to_vector<float>();
+    CHECK(p1 == p2);
+    const auto va = a.to_vector<float>();
+    const auto vb = b.to_vector<float>();
+    for (int i : {0, 63, 64, 150, 299}) {
+      for (int j : {0, 249}) {
+        double acc = 0;
+        for (int l = 0; l < 200; ++l) acc += double(va[i * 200 + l]) * vb[l * 250 + j];
+        CHECK(p1[i * 250 + j] == doctest::Approx(acc).epsilon(1e-4));
+      }
+    }
+  }
+}

@@ -96,6 +96,7 @@ using ErrorPtr = std::shared_ptr<ErrorRecord>;
 struct VarState {
   Var handle;                     // generation 0 while never used
   bool alive = false;             // false once its deletion is recorded
+  bool dying = false;             // deleted with accesses pending: freed after the last
   Node* last_writer = nullptr;    // holds a ref; kept after it finishes (its error)
   SmallVector<Node*, 4> readers;  // reads since last_writer, one ref each
   std::uint32_t prune_at = 8;     // readers.size() at which finished readers are dropped
@@ -124,7 +125,6 @@ struct Node {
   bool requested = false;
   bool in_unrequested = false;
   bool failed = false;          // its function threw
-  VarState* frees = nullptr;    // a delete node: the var slot to recycle
   Node* live_prev = nullptr;    // unfinished nodes, in record order
   Node* live_next = nullptr;
   Node* unreq_prev = nullptr;   // recorded, not yet requested, in record order
@@ -236,6 +236,7 @@ class EngineImpl {
   void execute(Node* n, int worker);
   void complete(Node* n);
   void free_var(VarState* s);
+  bool var_idle(const VarState* s) const;
 
   void register_waiter(Waiter& w);
   void unregister_waiter(Waiter& w);
@@ -356,6 +357,7 @@ Var EngineImpl::new_var() {
 }
 
 void EngineImpl::free_var(VarState* s) {
+  s->dying = false;
   if (s->last_writer != nullptr) release(s->last_writer);
   s->last_writer = nullptr;
   for (Node* r : s->readers) release(r);
@@ -396,7 +398,6 @@ void EngineImpl::release(Node* n) {
   n->state = NodeState::kRecorded;
   n->requested = false;
   n->failed = false;
-  n->frees = nullptr;
   n->device = Device{};
   n->priority = 0;
   n->free_next = node_free_;
@@ -630,7 +631,13 @@ void EngineImpl::complete(Node* n) {
   n->succs.clear();
   for (Node* p : n->preds) release(p);
   n->preds.clear();
-  if (n->frees != nullptr) free_var(n->frees);
+  // A deleted var is recycled when its last recorded access completes.
+  for (VarState* v : n->reads) {
+    if (v->dying && var_idle(v)) free_var(v);
+  }
+  for (VarState* v : n->writes) {
+    if (v->dying && var_idle(v)) free_var(v);
+  }
   if (n->waiters != 0) {
     for (Waiter* w : waiters_) {
       if (w != nullptr && w->target == n) w->cv.notify_one();
@@ -850,20 +857,26 @@ void EngineImpl::push(Function fn, std::span<const Var> reads, std::span<const V
   after_push(n, lk);
 }
 
+// Deletion needs no node: the var is refused from now on, and its slot is
+// recycled at once when no access is pending, otherwise when the last
+// pending access completes (see complete()).
 void EngineImpl::delete_var(Var v) {
   Lock lk(mu_);
   VarState* s = checked_var(v, "delete_var");
-  s->alive = false;  // every later use is refused from now on
-  Node* n = alloc_node();
-  n->fn = Function([](const RunContext&) {});
-  n->name.assign("delete_var");
-  n->frees = s;
-  n->pending = 0;
-  n->writes.push_back(s);
-  VarState* const ws[] = {s};
-  link(n, {}, ws);
-  record(n);
-  after_push(n, lk);
+  s->alive = false;
+  if (var_idle(s)) {
+    free_var(s);
+  } else {
+    s->dying = true;
+  }
+}
+
+bool EngineImpl::var_idle(const VarState* s) const {
+  if (s->last_writer != nullptr && s->last_writer->state != NodeState::kDone) return false;
+  for (const Node* r : s->readers) {
+    if (r->state != NodeState::kDone) return false;
+  }
+  return true;
 }
 
 void EngineImpl::wait_to_read(Var v) {

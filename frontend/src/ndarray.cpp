@@ -4,6 +4,8 @@
 
 #include <lazydag/ops/kernels.hpp>
 
+#include "host_pool.hpp"
+
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -34,17 +36,16 @@ struct Storage {
   std::size_t bytes;
 
   Storage(engine::Engine& e, Device dev, std::size_t n) : eng(&e), var(e.new_var()), device(dev), bytes(n) {
-    // 64-byte aligned for the kernels' vector loads; at least one line.
-    const std::size_t rounded = (std::max<std::size_t>(n, 1) + 63) / 64 * 64;
-    data = std::aligned_alloc(64, rounded);
-    if (data == nullptr) {
+    try {
+      data = HostPool::get().allocate(n);  // 64-byte aligned, pooled by size class
+    } catch (...) {
       e.delete_var(var);
-      throw std::bad_alloc();
+      throw;
     }
     g_bytes.fetch_add(static_cast<std::int64_t>(n), std::memory_order_relaxed);
   }
   ~Storage() {
-    std::free(data);
+    HostPool::get().release(data, bytes);
     g_bytes.fetch_sub(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
     eng->delete_var(var);
   }
@@ -506,6 +507,8 @@ namespace nd {
 
 engine::Engine& engine() { return engine::Engine::get(); }
 std::int64_t memory_in_use() noexcept { return detail::g_bytes.load(std::memory_order_relaxed); }
+std::int64_t memory_cached() { return static_cast<std::int64_t>(detail::HostPool::get().cached_bytes()); }
+void release_cached_memory() { detail::HostPool::get().trim(); }
 void waitall() { engine().waitall(); }
 
 NDArray full(const Shape& shape, double value, DType t, Device dev) {

@@ -236,8 +236,12 @@ template <class T>
 void waitall();
 /// The engine NDArrays record into: the process-wide Engine::get().
 [[nodiscard]] engine::Engine& engine();
-/// Bytes of array storage currently allocated.
+/// Bytes of array storage held by live arrays (or by ops not yet run).
 [[nodiscard]] std::int64_t memory_in_use() noexcept;
+/// Bytes of freed storage kept by the host pool for reuse (at most 1 GiB).
+[[nodiscard]] std::int64_t memory_cached();
+/// Returns the pool's cached buffers to the system. Thread-safe.
+void release_cached_memory();
 
 }  // namespace nd
 }  // namespace lazydag

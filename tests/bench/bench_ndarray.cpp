@@ -1,0 +1,111 @@
+// NDArray throughput beside direct OpenBLAS and plain loops, in one run:
+// sgemm, elementwise add and a full sum, plus the per-op cost of tiny ops.
+// Prints one key=value line per figure (medians of repeats).
+#include <lazydag/lazydag.hpp>
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <vector>
+
+using namespace lazydag;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int repeats() {
+  const char* s = std::getenv("LAZYDAG_BENCH_REPEATS");
+  return s != nullptr ? std::max(1, std::atoi(s)) : 7;
+}
+
+double median_seconds(const std::function<void()>& fn) {
+  fn();
+  std::vector<double> t;
+  for (int i = 0; i < repeats(); ++i) {
+    auto t0 = Clock::now();
+    fn();
+    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+}  // namespace
+
+int main() {
+  const int threads = nd::engine().num_threads();
+  std::printf("bench=ndarray policy=%s threads=%d\n",
+              std::string(engine::to_string(nd::engine().policy())).c_str(), threads);
+
+  // tiny ops first (before OpenBLAS has started threads of its own): the per-op cost of the frontend + engine.
+  {
+    NDArray x = nd::ones({1});
+    const int ops = 10000;
+    const double sync = median_seconds([&] {
+      for (int i = 0; i < ops; ++i) (x + 1.0).wait_to_read();
+    });
+    const double async = median_seconds([&] {
+      for (int i = 0; i < ops; ++i) (void)(x + 1.0);
+      nd::waitall();
+    });
+    std::printf("bench=ndarray workload=tiny_add_sync ns_per_op=%.0f\n", sync / ops * 1e9);
+    std::printf("bench=ndarray workload=tiny_add_async ns_per_op=%.0f\n", async / ops * 1e9);
+  }
+  // sgemm: lazydag (64-row blocks of single-threaded OpenBLAS over the
+  // engine's workers) vs OpenBLAS called directly with 1 and with all threads.
+  for (int n : {256, 1024, 2048}) {
+    NDArray a = nd::random_uniform({n, n}, cpu(), 1);
+    NDArray b = nd::random_uniform({n, n}, cpu(), 2);
+    const auto va = a.to_vector<float>();
+    const auto vb = b.to_vector<float>();
+    std::vector<float> vc(va.size());
+    const double flops = 2.0 * n * n * n;
+    const double ours = median_seconds([&] { nd::matmul(a, b).wait_to_read(); });
+    auto direct = [&](int blas_threads) {
+      openblas_set_num_threads(blas_threads);
+      double t = median_seconds([&] {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0F, va.data(), n,
+                    vb.data(), n, 0.0F, vc.data(), n);
+      });
+      openblas_set_num_threads(1);  // what lazydag's kernels expect
+      return t;
+    };
+    const double one = direct(1);
+    const double all = direct(threads);
+    std::printf("bench=ndarray workload=sgemm n=%d lazydag_gflops=%.1f\n", n, flops / ours * 1e-9);
+    std::printf("bench=ndarray workload=sgemm n=%d peer=openblas_1thread gflops=%.1f\n", n, flops / one * 1e-9);
+    std::printf("bench=ndarray workload=sgemm n=%d peer=openblas_%dthreads gflops=%.1f\n", n, threads,
+                flops / all * 1e-9);
+    std::printf("bench=ndarray workload=sgemm n=%d ratio_vs_openblas_%dthreads=%.2f\n", n, threads,
+                all / ours);
+  }
+
+  // elementwise add and sum of 16M float32: GB/s against a plain loop.
+  {
+    const std::int64_t n = 1 << 24;
+    NDArray a = nd::random_uniform({n}, cpu(), 3);
+    NDArray b = nd::random_uniform({n}, cpu(), 4);
+    const auto va = a.to_vector<float>();
+    const auto vb = b.to_vector<float>();
+    std::vector<float> vc(va.size());
+    const double bytes = 3.0 * n * 4;
+    const double ours = median_seconds([&] { (a + b).wait_to_read(); });
+    const double loop = median_seconds([&] {
+      for (std::int64_t i = 0; i < n; ++i) vc[i] = va[i] + vb[i];
+    });
+    std::printf("bench=ndarray workload=add n=%lld lazydag_gbps=%.2f\n", static_cast<long long>(n),
+                bytes / ours * 1e-9);
+    std::printf("bench=ndarray workload=add n=%lld peer=loop_1thread gbps=%.2f\n",
+                static_cast<long long>(n), bytes / loop * 1e-9);
+    const double sum = median_seconds([&] { (void)a.sum().item<float>(); });
+    std::printf("bench=ndarray workload=sum n=%lld lazydag_gbps=%.2f\n", static_cast<long long>(n),
+                n * 4.0 / sum * 1e-9);
+  }
+
+  return 0;
+}

@@ -116,7 +116,22 @@ void reduce(ReduceOp op, const TensorView& a, bool all, int axis, const TensorVi
           auto run = [&](std::int64_t c0, std::int64_t c1) {
             for (std::int64_t c = c0; c < c1; ++c) {
               const std::int64_t end = std::min(len, (c + 1) * kChunk);
-              for (std::int64_t i = c * kChunk; i < end; ++i) part[c].step(op, x[i], i);
+              std::int64_t i = c * kChunk;
+              if (op == ReduceOp::kSum || op == ReduceOp::kMean) {
+                // Four independent accumulators (a fixed order, so still
+                // deterministic) instead of one long dependency chain.
+                Acc<T> s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+                for (; i + 4 <= end; i += 4) {
+                  s0 += static_cast<Acc<T>>(x[i]);
+                  s1 += static_cast<Acc<T>>(x[i + 1]);
+                  s2 += static_cast<Acc<T>>(x[i + 2]);
+                  s3 += static_cast<Acc<T>>(x[i + 3]);
+                }
+                for (; i < end; ++i) s0 += static_cast<Acc<T>>(x[i]);
+                part[c].sum = (s0 + s1) + (s2 + s3);
+                continue;
+              }
+              for (; i < end; ++i) part[c].step(op, x[i], i);
             }
           };
           if (chunks == 1) {

@@ -984,9 +984,22 @@ std::vector<PendingNode> EngineImpl::pending_nodes() const {
 Engine::Engine(EngineOptions options) : impl_(std::make_unique<detail::EngineImpl>(options)) {}
 Engine::~Engine() = default;
 
+// The process-wide engine is never destroyed: arrays in static storage may
+// outlive any static engine and still delete their vars at exit. What was
+// recorded still runs: an exit handler waits for it.
 Engine& Engine::get() {
-  static Engine engine;
-  return engine;
+  static Engine* engine = [] {
+    auto* e = new Engine();
+    std::atexit([] {
+      try {
+        Engine::get().waitall();
+      } catch (const std::exception& ex) {
+        std::cerr << "lazydag: error no wait collected before exit: " << ex.what() << '\n';
+      }
+    });
+    return e;
+  }();
+  return *engine;
 }
 
 Var Engine::new_var() { return impl_->new_var(); }

@@ -19,9 +19,12 @@ class HostPool {
   /// Cached (free) bytes beyond this are returned to the system at once.
   static constexpr std::size_t kCacheLimit = std::size_t{1} << 30;
 
+  /// Never destroyed: buffers may come back from ops that the engine runs
+  /// during static destruction (the engine's destructor runs what is
+  /// recorded), after a function-local static pool would be gone.
   static HostPool& get() {
-    static HostPool pool;
-    return pool;
+    static HostPool* pool = new HostPool();
+    return *pool;
   }
 
   /// The size class of a request: 64-byte granules up to 4 KiB, then four
@@ -88,8 +91,6 @@ class HostPool {
     std::lock_guard lk(mu_);
     return cached_;
   }
-
-  ~HostPool() { trim(); }
 
  private:
   HostPool() = default;

@@ -120,6 +120,7 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   /// The process-wide engine, created on first use from the environment.
+  /// It lives until the process ends; at exit it runs what was recorded.
   [[nodiscard]] static Engine& get();
 
   /// A new variable. Non-blocking.

@@ -151,9 +151,10 @@ struct Waiter {
   WaitMode mode = WaitMode::kNode;
   Node* target = nullptr;        // kNode
   std::uint64_t all_before = 0;  // kAll: every node with a smaller seq
-  std::vector<Node*> help;       // kNode: ready nodes of its subgraph, one ref each
+  SmallVector<Node*, 8> help;    // kNode: ready nodes of its subgraph, one ref each
   std::uint32_t tag = 0;
   bool available = false;        // asleep (or about to look for work): hand it work
+  bool in_use = false;           // pooled: condition variables allocate, waits must not
 };
 
 namespace {
@@ -238,7 +239,7 @@ class EngineImpl {
   void free_var(VarState* s);
   bool var_idle(const VarState* s) const;
 
-  void register_waiter(Waiter& w);
+  Waiter& register_waiter(WaitMode mode);
   void unregister_waiter(Waiter& w);
   template <class Done>
   void help_until(Waiter& w, Lock& lk, Done done);
@@ -261,7 +262,7 @@ class EngineImpl {
   Node* unreq_tail_ = nullptr;
   std::size_t unreq_count_ = 0;
   std::vector<ReadyEntry> ready_;  // heap by (priority desc, seq asc); one ref each
-  std::vector<Waiter*> waiters_;  // by tag - 1; null = free slot
+  std::vector<std::unique_ptr<Waiter>> waiters_;  // by tag - 1; reused (in_use)
   std::size_t all_waiters_ = 0;
   std::size_t throttle_waiters_ = 0;
   std::vector<ErrorPtr> unreported_;
@@ -518,8 +519,8 @@ void EngineImpl::request_subgraph(Node* target, Waiter& w) {
 void EngineImpl::make_ready(Node* n) {
   n->state = NodeState::kReady;
   if (n->tag != 0) {
-    Waiter* w = waiters_[n->tag - 1];
-    if (w != nullptr && w->mode == WaitMode::kNode) {
+    Waiter* w = waiters_[n->tag - 1].get();
+    if (w->in_use && w->mode == WaitMode::kNode) {
       w->help.push_back(n);
       ++n->refs;
       if (w->available) {
@@ -533,8 +534,9 @@ void EngineImpl::make_ready(Node* n) {
   std::push_heap(ready_.begin(), ready_.end(), runs_later);
   ++n->refs;
   if (all_waiters_ + throttle_waiters_ != 0) {
-    for (Waiter* w : waiters_) {
-      if (w != nullptr && w->mode != WaitMode::kNode && w->available) {
+    for (auto& wp : waiters_) {
+      Waiter* w = wp.get();
+      if (w->in_use && w->mode != WaitMode::kNode && w->available) {
         w->available = false;
         w->cv.notify_one();
         return;
@@ -639,21 +641,21 @@ void EngineImpl::complete(Node* n) {
     if (v->dying && var_idle(v)) free_var(v);
   }
   if (n->waiters != 0) {
-    for (Waiter* w : waiters_) {
-      if (w != nullptr && w->target == n) w->cv.notify_one();
+    for (auto& wp : waiters_) {
+      if (wp->in_use && wp->target == n) wp->cv.notify_one();
     }
   }
   if (all_waiters_ != 0) {
-    for (Waiter* w : waiters_) {
-      if (w != nullptr && w->mode == WaitMode::kAll &&
-          (live_head_ == nullptr || live_head_->seq >= w->all_before)) {
-        w->cv.notify_one();
+    for (auto& wp : waiters_) {
+      if (wp->in_use && wp->mode == WaitMode::kAll &&
+          (live_head_ == nullptr || live_head_->seq >= wp->all_before)) {
+        wp->cv.notify_one();
       }
     }
   }
   if (throttle_waiters_ != 0 && live_count_ <= options_.max_pending) {
-    for (Waiter* w : waiters_) {
-      if (w != nullptr && w->mode == WaitMode::kThrottle) w->cv.notify_one();
+    for (auto& wp : waiters_) {
+      if (wp->in_use && wp->mode == WaitMode::kThrottle) wp->cv.notify_one();
     }
   }
   release(n);  // the executor's ref
@@ -712,17 +714,25 @@ void EngineImpl::runner() {
   if (active_runners_ == 0) runners_cv_.notify_all();
 }
 
-void EngineImpl::register_waiter(Waiter& w) {
-  auto it = std::find(waiters_.begin(), waiters_.end(), nullptr);
-  if (it == waiters_.end()) it = waiters_.insert(it, nullptr);
-  *it = &w;
-  w.tag = static_cast<std::uint32_t>(it - waiters_.begin()) + 1;
-  if (w.mode == WaitMode::kAll) ++all_waiters_;
-  if (w.mode == WaitMode::kThrottle) ++throttle_waiters_;
+Waiter& EngineImpl::register_waiter(WaitMode mode) {
+  std::size_t i = 0;
+  while (i < waiters_.size() && waiters_[i]->in_use) ++i;
+  if (i == waiters_.size()) waiters_.push_back(std::make_unique<Waiter>());
+  Waiter& w = *waiters_[i];
+  w.in_use = true;
+  w.mode = mode;
+  w.target = nullptr;
+  w.all_before = 0;
+  w.available = false;
+  w.tag = static_cast<std::uint32_t>(i) + 1;
+  if (mode == WaitMode::kAll) ++all_waiters_;
+  if (mode == WaitMode::kThrottle) ++throttle_waiters_;
+  return w;
 }
 
 void EngineImpl::unregister_waiter(Waiter& w) {
-  waiters_[w.tag - 1] = nullptr;
+  w.in_use = false;
+  w.target = nullptr;
   if (w.mode == WaitMode::kAll) --all_waiters_;
   if (w.mode == WaitMode::kThrottle) --throttle_waiters_;
   for (Node* n : w.help) release(n);
@@ -769,10 +779,8 @@ void EngineImpl::help_until(Waiter& w, Lock& lk, Done done) {
 
 void EngineImpl::wait_node(Node* target, Lock& lk) {
   if (target->state == NodeState::kDone) return;
-  Waiter w;
-  w.mode = WaitMode::kNode;
+  Waiter& w = register_waiter(WaitMode::kNode);
   w.target = target;
-  register_waiter(w);
   ++target->waiters;
   w.available = true;  // while traversing: the first ready node goes to us
   request_subgraph(target, w);
@@ -792,10 +800,8 @@ void EngineImpl::after_push(Node* n, Lock& lk) {
       release(n);
       // Nodes recorded by ops (or their destructors) meanwhile run now too,
       // so that nothing recorded waits for a later waitall.
-      Waiter w;
-      w.mode = WaitMode::kAll;
+      Waiter& w = register_waiter(WaitMode::kAll);
       w.all_before = next_seq_;
-      register_waiter(w);
       help_until(w, lk, [&] { return ready_.empty(); });
       unregister_waiter(w);
     } else {
@@ -806,9 +812,7 @@ void EngineImpl::after_push(Node* n, Lock& lk) {
     // records far ahead, then stall a frontend that outruns the workers.
     while (unreq_count_ > options_.max_pending) request(unreq_head_);
     if (live_count_ > 2 * options_.max_pending && tls_running_engine != this) {
-      Waiter w;
-      w.mode = WaitMode::kThrottle;
-      register_waiter(w);
+      Waiter& w = register_waiter(WaitMode::kThrottle);
       help_until(w, lk, [&] { return live_count_ <= options_.max_pending; });
       unregister_waiter(w);
     }
@@ -925,10 +929,8 @@ void EngineImpl::waitall() {
   check_not_in_op("waitall");
   Lock lk(mu_);
   ++stats_.blocking_waits;
-  Waiter w;
-  w.mode = WaitMode::kAll;
+  Waiter& w = register_waiter(WaitMode::kAll);
   w.all_before = next_seq_;
-  register_waiter(w);
   while (unreq_head_ != nullptr) request(unreq_head_);
   help_until(w, lk, [&] { return live_head_ == nullptr || live_head_->seq >= w.all_before; });
   unregister_waiter(w);

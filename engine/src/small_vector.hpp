@@ -25,6 +25,8 @@ class SmallVector {
     data_[size_++] = v;
   }
   void clear() noexcept { size_ = 0; }
+  T& back() noexcept { return data_[size_ - 1]; }
+  void pop_back() noexcept { --size_; }
   /// Drops a large heap buffer so a recycled owner does not keep it.
   void shrink_if_large(std::uint32_t limit) noexcept {
     if (cap_ > limit) {

@@ -497,7 +497,8 @@ NDArray make_array(const void* data, DType t, const Shape& shape, Device dev) {
   (void)cpu(dev.id);
   StatePtr out = new_array(shape, t, dev, "nd::array");
   // The buffer is new and no op refers to it yet: fill it right here.
-  std::memcpy(out->storage->data, data, static_cast<std::size_t>(numel(shape)) * size_of(t));
+  const auto bytes = static_cast<std::size_t>(numel(shape)) * size_of(t);
+  if (bytes != 0) std::memcpy(out->storage->data, data, bytes);
   return Access::wrap(out);
 }
 

@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "graph_mutex.hpp"
+#include "ready_queue.hpp"
 #include "small_vector.hpp"
 
 namespace lazydag::engine {
@@ -131,18 +132,6 @@ struct Node {
   Node* unreq_next = nullptr;
   Node* free_next = nullptr;
 };
-
-// A ready-heap entry keeps its sort key inline: heap sifts compare contiguous
-// entries instead of chasing node pointers.
-struct ReadyEntry {
-  int priority;
-  std::uint64_t seq;
-  Node* node;
-};
-// Heap order: higher priority first, then older first.
-inline bool runs_later(const ReadyEntry& a, const ReadyEntry& b) {
-  return a.priority != b.priority ? a.priority < b.priority : a.seq > b.seq;
-}
 
 enum class WaitMode : std::uint8_t { kNode, kAll, kThrottle };
 
@@ -261,7 +250,7 @@ class EngineImpl {
   Node* unreq_head_ = nullptr;
   Node* unreq_tail_ = nullptr;
   std::size_t unreq_count_ = 0;
-  std::vector<ReadyEntry> ready_;  // heap by (priority desc, seq asc); one ref each
+  ReadyQueue<Node> ready_;  // one ref per entry
   std::vector<std::unique_ptr<Waiter>> waiters_;  // by tag - 1; reused (in_use)
   std::size_t all_waiters_ = 0;
   std::size_t throttle_waiters_ = 0;
@@ -530,8 +519,7 @@ void EngineImpl::make_ready(Node* n) {
       }
     }
   }
-  ready_.push_back(ReadyEntry{n->priority, n->seq, n});
-  std::push_heap(ready_.begin(), ready_.end(), runs_later);
+  ready_.push(n, n->priority, n->seq);
   ++n->refs;
   if (all_waiters_ + throttle_waiters_ != 0) {
     for (auto& wp : waiters_) {
@@ -558,13 +546,10 @@ void EngineImpl::spawn_if_needed() {
 }
 
 Node* EngineImpl::pop_ready() {
-  while (!ready_.empty()) {
-    std::pop_heap(ready_.begin(), ready_.end(), runs_later);
-    Node* n = ready_.back().node;
-    ready_.pop_back();
+  while (Node* n = ready_.pop()) {
     if (n->state == NodeState::kReady) {
       n->state = NodeState::kRunning;
-      return n;  // the heap's ref passes to the caller
+      return n;  // the queue entry's ref passes to the caller
     }
     release(n);  // claimed by a waiter already
   }

@@ -9,12 +9,16 @@
 // the running writer and read by running readers; the DAG orders those
 // accesses and mu_'s hand-over on completion publishes them.
 #include <lazydag/engine/engine.hpp>
+#include <lazydag/engine/sync_debug.hpp>
 
 #include <oneapi/tbb/global_control.h>
 #include <oneapi/tbb/info.h>
 #include <oneapi/tbb/task_arena.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <charconv>
 #include <condition_variable>
@@ -25,6 +29,7 @@
 #include <thread>
 
 #include "graph_mutex.hpp"
+#include "profiler_internal.hpp"
 #include "ready_queue.hpp"
 #include "small_vector.hpp"
 
@@ -131,6 +136,12 @@ struct Node {
   Node* unreq_prev = nullptr;   // recorded, not yet requested, in record order
   Node* unreq_next = nullptr;
   Node* free_next = nullptr;
+  // Profiler timestamps (ns), set only while the profiler runs.
+  std::uint64_t t_push = 0;
+  std::uint64_t t_ready = 0;
+  std::uint64_t t_start = 0;
+  std::uint64_t t_end = 0;
+  int worker = -1;
 };
 
 enum class WaitMode : std::uint8_t { kNode, kAll, kThrottle };
@@ -192,14 +203,16 @@ class EngineImpl {
   void delete_var(Var v);
   void push(Function fn, std::span<const Var> reads, std::span<const Var> writes,
             const PushOptions& options);
-  void wait_to_read(Var v);
-  void wait_to_write(Var v);
-  void waitall();
+  void wait_to_read(Var v, const CallSite& site);
+  void wait_to_write(Var v, const CallSite& site);
+  void waitall(const CallSite& site);
+  void wait_all_recorded();
   EngineStats stats() const;
   std::vector<PendingNode> pending_nodes() const;
 
   const EngineOptions options_;
   const int num_threads_;
+  const std::uint64_t profile_id_;  // tells engines apart in a trace
 
  private:
   using Lock = std::unique_lock<GraphMutex>;
@@ -225,6 +238,7 @@ class EngineImpl {
   void run_batch(Node** batch, std::uint32_t k, int worker, Lock& lk);
   void execute(Node* n, int worker);
   void complete(Node* n);
+  void trace(const Node* n) const;
   void free_var(VarState* s);
   bool var_idle(const VarState* s) const;
 
@@ -261,16 +275,55 @@ class EngineImpl {
   std::condition_variable_any runners_cv_;
   std::uint64_t next_seq_ = 1;
   EngineStats stats_;
+  // Blocking-call counters, updated without mu_ (a wait may end by throwing).
+  std::array<std::atomic<std::uint64_t>, kBlockingCallKinds> blocking_calls_{};
+  std::atomic<std::uint64_t> blocked_ns_{0};
+
+  // Times one blocking call and accounts for it (sync debug, counters).
+  class BlockingScope {
+   public:
+    BlockingScope(EngineImpl& e, const CallSite& site) : e_(e), site_(site) {
+      detail::sync_debug_enter(site);
+      t0_ = std::chrono::steady_clock::now();
+    }
+    ~BlockingScope() {
+      const auto ns = static_cast<std::uint64_t>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0_)
+              .count());
+      e_.blocking_calls_[static_cast<std::size_t>(site_.kind)].fetch_add(1, std::memory_order_relaxed);
+      e_.blocked_ns_.fetch_add(ns, std::memory_order_relaxed);
+      detail::sync_debug_exit(site_, ns);
+      if (profiler::detail::on()) {
+        const std::uint64_t end = profiler::detail::now_ns();
+        profiler::detail::record(profiler::detail::FrontendEvent{
+            "wait", std::string(to_string(site_.kind)),
+            std::string(site_.where.file_name()) + ":" + std::to_string(site_.where.line()),
+            end - ns, end});
+      }
+    }
+    BlockingScope(const BlockingScope&) = delete;
+    BlockingScope& operator=(const BlockingScope&) = delete;
+
+   private:
+    EngineImpl& e_;
+    const CallSite& site_;
+    std::chrono::steady_clock::time_point t0_;
+  };
   std::vector<Node*> scratch_;  // traversal stack
   std::unique_ptr<tbb::task_arena> arena_;
 };
+
+namespace {
+std::atomic<std::uint64_t> g_engine_ids{0};
+}  // namespace
 
 EngineImpl::EngineImpl(EngineOptions options)
     : options_(options),
       num_threads_(options.policy == Policy::kNaive ? 0
                    : options.num_threads > 0
                        ? options.num_threads
-                       : static_cast<int>(std::max(1U, std::thread::hardware_concurrency()))) {
+                       : static_cast<int>(std::max(1U, std::thread::hardware_concurrency()))),
+      profile_id_(g_engine_ids.fetch_add(1) + 1) {
   if (options.num_threads < 0) {
     throw InvalidArgument("EngineOptions::num_threads must be >= 0, got " +
                           std::to_string(options.num_threads));
@@ -285,7 +338,7 @@ EngineImpl::EngineImpl(EngineOptions options)
 
 EngineImpl::~EngineImpl() {
   try {
-    waitall();
+    wait_all_recorded();
   } catch (const std::exception& e) {
     std::cerr << "lazydag: engine destroyed with an error no wait collected: " << e.what()
               << '\n';
@@ -507,6 +560,7 @@ void EngineImpl::request_subgraph(Node* target, Waiter& w) {
 // heap for the workers, and also to a busy tagging waiter, whichever is first.
 void EngineImpl::make_ready(Node* n) {
   n->state = NodeState::kReady;
+  if (profiler::detail::on()) n->t_ready = profiler::detail::now_ns();
   if (n->tag != 0) {
     Waiter* w = waiters_[n->tag - 1].get();
     if (w->in_use && w->mode == WaitMode::kNode) {
@@ -582,6 +636,11 @@ void EngineImpl::execute(Node* n, int worker) {
   // that records (a freed array recording its var's deletion) must not wait.
   const EngineImpl* outer = tls_running_engine;
   tls_running_engine = this;
+  const bool profiling = profiler::detail::on();
+  if (profiling) {
+    n->t_start = profiler::detail::now_ns();
+    n->worker = worker;
+  }
   if (!err) {
     try {
       n->fn(RunContext{n->device, nullptr, worker});
@@ -591,6 +650,7 @@ void EngineImpl::execute(Node* n, int worker) {
       failed = true;
     }
   }
+  if (profiling) n->t_end = profiler::detail::now_ns();
   for (VarState* v : n->writes) v->poison = err;  // a successful write clears it
   n->fn.reset();  // captures die here, outside mu_: their destructors may record
   tls_running_engine = outer;
@@ -598,8 +658,32 @@ void EngineImpl::execute(Node* n, int worker) {
   n->failed = failed;
 }
 
+void EngineImpl::trace(const Node* n) const {
+  profiler::detail::NodeEvent e;
+  e.engine = profile_id_;
+  e.id = n->seq;
+  e.name = n->name;
+  e.device = n->device.str();
+  e.worker = n->worker;
+  // A node recorded before the profiler started has only run times.
+  e.t_push = n->t_push != 0 ? n->t_push : n->t_start;
+  e.t_ready = n->t_ready != 0 ? n->t_ready : n->t_start;
+  e.t_start = n->t_start;
+  e.t_end = n->t_end;
+  for (const VarState* v : n->reads) e.reads.push_back(v->handle.index);
+  for (const VarState* v : n->writes) e.writes.push_back(v->handle.index);
+  for (const Node* p : n->preds) e.preds.push_back(p->seq);
+  e.failed = n->failed;
+  e.skipped = !n->failed && n->error != nullptr;
+  profiler::detail::record(std::move(e));
+}
+
 void EngineImpl::complete(Node* n) {
   n->state = NodeState::kDone;
+  if (n->t_end != 0) {
+    trace(n);
+    n->t_push = n->t_ready = n->t_start = n->t_end = 0;
+  }
   if (n->failed) {
     ++stats_.nodes_run;
     ++stats_.nodes_failed;
@@ -688,6 +772,13 @@ void EngineImpl::run_batch(Node** batch, std::uint32_t k, int worker, Lock& lk) 
 
 void EngineImpl::runner() {
   const int worker = tbb::this_task_arena::current_thread_index();
+  if (profiler::detail::on()) {
+    thread_local bool named = false;
+    if (!named) {
+      named = true;
+      profiler::detail::name_thread("worker " + std::to_string(worker));
+    }
+  }
   Node* batch[kMaxBatch];
   Lock lk(mu_);
   for (;;) {
@@ -832,9 +923,12 @@ void EngineImpl::push(Function fn, std::span<const Var> reads, std::span<const V
     rs.push_back(s);
     if (!ws.contains(s)) pure_reads.push_back(s);
   }
+  const bool profiling = profiler::detail::on();
+  const std::uint64_t t0 = profiling ? profiler::detail::now_ns() : 0;
   Node* n = alloc_node();
   n->fn = std::move(fn);
   n->name.assign(name);
+  n->t_push = t0;
   n->device = options.device;
   n->priority = options.priority;
   n->pending = 0;
@@ -843,6 +937,10 @@ void EngineImpl::push(Function fn, std::span<const Var> reads, std::span<const V
   link(n, std::span<VarState* const>(pure_reads.begin(), pure_reads.size()),
        std::span<VarState* const>(ws.begin(), ws.size()));
   record(n);
+  if (profiling) {
+    profiler::detail::record(
+        profiler::detail::FrontendEvent{"record", std::string(name), {}, t0, profiler::detail::now_ns()});
+  }
   after_push(n, lk);
 }
 
@@ -868,11 +966,11 @@ bool EngineImpl::var_idle(const VarState* s) const {
   return true;
 }
 
-void EngineImpl::wait_to_read(Var v) {
+void EngineImpl::wait_to_read(Var v, const CallSite& site) {
   check_not_in_op("wait_to_read");
+  BlockingScope scope(*this, site);
   Lock lk(mu_);
   VarState* s = checked_var(v, "wait_to_read");
-  ++stats_.blocking_waits;
   Node* t = s->last_writer;
   if (t == nullptr) return;
   ++t->refs;
@@ -887,11 +985,11 @@ void EngineImpl::wait_to_read(Var v) {
   }
 }
 
-void EngineImpl::wait_to_write(Var v) {
+void EngineImpl::wait_to_write(Var v, const CallSite& site) {
   check_not_in_op("wait_to_write");
+  BlockingScope scope(*this, site);
   Lock lk(mu_);
   VarState* s = checked_var(v, "wait_to_write");
-  ++stats_.blocking_waits;
   Node* writer = s->last_writer;
   std::vector<Node*> targets;
   if (writer != nullptr) targets.push_back(writer);
@@ -910,10 +1008,16 @@ void EngineImpl::wait_to_write(Var v) {
   }
 }
 
-void EngineImpl::waitall() {
+void EngineImpl::waitall(const CallSite& site) {
   check_not_in_op("waitall");
+  BlockingScope scope(*this, site);
+  wait_all_recorded();
+}
+
+// waitall without the blocking-call accounting: also used by the destructor
+// and at exit, which must run what was recorded whatever sync debug says.
+void EngineImpl::wait_all_recorded() {
   Lock lk(mu_);
-  ++stats_.blocking_waits;
   Waiter& w = register_waiter(WaitMode::kAll);
   w.all_before = next_seq_;
   while (unreq_head_ != nullptr) request(unreq_head_);
@@ -940,6 +1044,11 @@ EngineStats EngineImpl::stats() const {
   std::lock_guard<GraphMutex> lk(mu_);
   EngineStats s = stats_;
   s.unfinished = live_count_;
+  for (std::size_t k = 0; k < kBlockingCallKinds; ++k) {
+    s.blocking_calls[k] = blocking_calls_[k].load(std::memory_order_relaxed);
+    s.blocking_waits += s.blocking_calls[k];
+  }
+  s.blocked_ns = blocked_ns_.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -979,7 +1088,7 @@ Engine& Engine::get() {
     auto* e = new Engine();
     std::atexit([] {
       try {
-        Engine::get().waitall();
+        Engine::get().impl_->wait_all_recorded();
       } catch (const std::exception& ex) {
         std::cerr << "lazydag: error no wait collected before exit: " << ex.what() << '\n';
       }
@@ -995,9 +1104,9 @@ void Engine::push(Function fn, std::span<const Var> reads, std::span<const Var> 
                   const PushOptions& options) {
   impl_->push(std::move(fn), reads, writes, options);
 }
-void Engine::wait_to_read(Var v) { impl_->wait_to_read(v); }
-void Engine::wait_to_write(Var v) { impl_->wait_to_write(v); }
-void Engine::waitall() { impl_->waitall(); }
+void Engine::wait_to_read(Var v, const CallSite& site) { impl_->wait_to_read(v, site); }
+void Engine::wait_to_write(Var v, const CallSite& site) { impl_->wait_to_write(v, site); }
+void Engine::waitall(const CallSite& site) { impl_->waitall(site); }
 Policy Engine::policy() const noexcept { return impl_->options_.policy; }
 int Engine::num_threads() const noexcept { return impl_->num_threads_; }
 std::size_t Engine::max_pending() const noexcept { return impl_->options_.max_pending; }

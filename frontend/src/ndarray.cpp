@@ -306,15 +306,17 @@ bool NDArray::shares_storage_with(const NDArray& other) const {
 }
 engine::Var NDArray::var() const { return Access::state(*this, "var")->storage->var; }
 
-void NDArray::wait_to_read() const {
-  nd::engine().wait_to_read(Access::state(*this, "wait_to_read")->storage->var);
+void NDArray::wait_to_read(std::source_location where) const {
+  nd::engine().wait_to_read(Access::state(*this, "wait_to_read")->storage->var,
+                            engine::CallSite{engine::BlockingCall::kWaitToRead, where});
 }
-void NDArray::wait_to_write() const {
-  nd::engine().wait_to_write(Access::state(*this, "wait_to_write")->storage->var);
+void NDArray::wait_to_write(std::source_location where) const {
+  nd::engine().wait_to_write(Access::state(*this, "wait_to_write")->storage->var,
+                             engine::CallSite{engine::BlockingCall::kWaitToWrite, where});
 }
 
-void NDArray::read_into(void* dst, DType expected, std::int64_t expected_size,
-                        const char* call) const {
+void NDArray::read_into(void* dst, DType expected, std::int64_t expected_size, const char* call,
+                        const engine::CallSite& site) const {
   const StatePtr& s = Access::state(*this, call);
   if (expected != s->dtype) {
     throw InvalidArgument(std::string(call) + "<" + std::string(to_string(expected)) + ">: the array is " +
@@ -325,7 +327,7 @@ void NDArray::read_into(void* dst, DType expected, std::int64_t expected_size,
     throw InvalidArgument(std::string(call) + ": needs an array of exactly one element, got shape " +
                           to_string(s->shape));
   }
-  nd::engine().wait_to_read(s->storage->var);
+  nd::engine().wait_to_read(s->storage->var, site);
   ops::TensorView out{dst, s->dtype, s->shape, contiguous_strides(s->shape), 0};
   ops::cpu::copy_cast(view(*s), out);
 }
@@ -429,6 +431,25 @@ NDArray NDArray::argmax(int axis, bool keepdims) const {
   return reduce_op(ops::ReduceOp::kArgmax, *this, false, axis, keepdims);
 }
 
+NDArray& NDArray::assign(const NDArray& o) {
+  const StatePtr& a = Access::state(*this, "assign");
+  StatePtr b = Access::state(o, "assign");
+  (void)common_device({a.get(), b.get()}, "assign");
+  same_dtype(*a, *b, "assign");
+  const Shape s = ops::broadcast_shapes(a->shape, b->shape, "assign");
+  if (s != a->shape) {
+    throw InvalidArgument("assign: a source of shape " + to_string(b->shape) +
+                          " does not broadcast to the target's " + to_string(a->shape));
+  }
+  if (b->storage == a->storage) b = Access::state(Access::wrap(b).copy(), "assign");
+  // A read-modify-write of the target: a view leaves the rest of the buffer
+  // as it was, including an error an earlier write left there.
+  record("assign", {b, a}, a, [](const std::vector<StatePtr>& in, const ArrayState& o2) {
+    ops::cpu::copy_cast(view(*in[0]), view(o2));
+  });
+  return *this;
+}
+
 NDArray& NDArray::operator+=(const NDArray& o) {
   inplace_op(ops::BinaryOp::kAdd, Access::state(*this, "+="), Access::state(o, "+="), "add_");
   return *this;
@@ -510,7 +531,9 @@ engine::Engine& engine() { return engine::Engine::get(); }
 std::int64_t memory_in_use() noexcept { return detail::g_bytes.load(std::memory_order_relaxed); }
 std::int64_t memory_cached() { return static_cast<std::int64_t>(detail::HostPool::get().cached_bytes()); }
 void release_cached_memory() { detail::HostPool::get().trim(); }
-void waitall() { engine().waitall(); }
+void waitall(std::source_location where) {
+  engine().waitall(engine::CallSite{engine::BlockingCall::kWaitall, where});
+}
 
 NDArray full(const Shape& shape, double value, DType t, Device dev) {
   (void)cpu(dev.id);

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <iosfwd>
 #include <memory>
+#include <source_location>
 #include <span>
 #include <type_traits>
 #include <string>
@@ -65,28 +66,33 @@ class NDArray {
   [[nodiscard]] engine::Var var() const;
 
   // ---- blockers ----
+  // Each is counted by the engine (EngineStats::blocking_calls) and, in
+  // sync-debug mode, reported with its call site or refused.
+
   /// Blocks until every recorded write of this array is done; throws OpError
   /// if one failed.
-  void wait_to_read() const;
+  void wait_to_read(std::source_location where = std::source_location::current()) const;
   /// Blocks until every recorded read and write of this array is done.
-  void wait_to_write() const;
+  void wait_to_write(std::source_location where = std::source_location::current()) const;
   /// Blocks; the single element of a size-1 array. T must match dtype().
   template <class T>
-  [[nodiscard]] T item() const {
+  [[nodiscard]] T item(std::source_location where = std::source_location::current()) const {
     T v{};
-    read_into(&v, dtype_of<T>(), 1, "item");
+    read_into(&v, dtype_of<T>(), 1, "item", {engine::BlockingCall::kItem, where});
     return v;
   }
   /// Blocks; the elements in row-major order. T must match dtype().
   template <class T>
-  [[nodiscard]] std::vector<T> to_vector() const {
+  [[nodiscard]] std::vector<T> to_vector(
+      std::source_location where = std::source_location::current()) const {
+    const engine::CallSite site{engine::BlockingCall::kToVector, where};
     std::vector<T> v(static_cast<std::size_t>(size()));
     if constexpr (std::is_same_v<T, bool>) {
       auto tmp = std::make_unique<bool[]>(v.size());
-      read_into(tmp.get(), dtype_of<T>(), -1, "to_vector");
+      read_into(tmp.get(), dtype_of<T>(), -1, "to_vector", site);
       for (std::size_t i = 0; i < v.size(); ++i) v[i] = tmp[i];
     } else {
-      read_into(v.data(), dtype_of<T>(), -1, "to_vector");
+      read_into(v.data(), dtype_of<T>(), -1, "to_vector", site);
     }
     return v;
   }
@@ -128,6 +134,9 @@ class NDArray {
   [[nodiscard]] NDArray argmax(int axis, bool keepdims = false) const;
 
   // ---- in place (recorded writes of this array) ----
+  /// Copies `src` (broadcast to this shape, same dtype and device) into
+  /// this array or view.
+  NDArray& assign(const NDArray& src);
   NDArray& operator+=(const NDArray& o);
   NDArray& operator-=(const NDArray& o);
   NDArray& operator*=(const NDArray& o);
@@ -139,7 +148,9 @@ class NDArray {
 
  private:
   friend struct detail::Access;
-  void read_into(void* dst, DType expected, std::int64_t expected_size, const char* call) const;
+  friend std::ostream& operator<<(std::ostream& os, const NDArray& a);
+  void read_into(void* dst, DType expected, std::int64_t expected_size, const char* call,
+                 const engine::CallSite& site) const;
   std::shared_ptr<const detail::ArrayState> state_;
 };
 
@@ -233,7 +244,7 @@ template <class T>
 [[nodiscard]] NDArray concat(const std::vector<NDArray>& arrays, int axis = 0);
 
 /// Blocks until everything recorded is done (Engine::get().waitall()).
-void waitall();
+void waitall(std::source_location where = std::source_location::current());
 /// The engine NDArrays record into: the process-wide Engine::get().
 [[nodiscard]] engine::Engine& engine();
 /// Bytes of array storage held by live arrays (or by ops not yet run).

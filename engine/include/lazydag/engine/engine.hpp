@@ -2,10 +2,12 @@
 // No TBB or CUDA header is included here; the scheduler lives in engine/src.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <source_location>
 #include <span>
 #include <string>
 #include <string_view>
@@ -79,6 +81,19 @@ struct EngineOptions {
   [[nodiscard]] static EngineOptions from_env();
 };
 
+/// The kinds of blocking call a frontend makes. The engine's own waits are
+/// the first three; the NDArray blockers name themselves.
+enum class BlockingCall : std::uint8_t { kWaitToRead, kWaitToWrite, kWaitall, kItem, kToVector, kPrint };
+inline constexpr std::size_t kBlockingCallKinds = 6;
+/// "wait_to_read", "item", ...
+[[nodiscard]] std::string_view to_string(BlockingCall c) noexcept;
+
+/// A blocking call and where in the program it was made.
+struct CallSite {
+  BlockingCall kind = BlockingCall::kWaitToRead;
+  std::source_location where;
+};
+
 /// Counters since construction (consistent snapshot).
 struct EngineStats {
   std::uint64_t nodes_recorded = 0;
@@ -87,7 +102,10 @@ struct EngineStats {
   std::uint64_t nodes_skipped = 0;  ///< not run because an input was poisoned
   std::size_t unfinished = 0;       ///< recorded and not yet done
   std::size_t peak_unfinished = 0;
-  std::uint64_t blocking_waits = 0;  ///< wait_to_read / wait_to_write / waitall calls
+  std::uint64_t blocking_waits = 0;  ///< blocking calls of every kind
+  /// Blocking calls by kind (index: BlockingCall).
+  std::array<std::uint64_t, kBlockingCallKinds> blocking_calls{};
+  std::uint64_t blocked_ns = 0;  ///< time frontend threads spent inside blocking calls
 };
 
 /// One unfinished node as seen by pending_nodes().
@@ -147,14 +165,25 @@ class Engine {
   /// Blocks until the last write of `v` recorded so far is done, running
   /// only its required subgraph (the calling thread helps). Throws OpError
   /// if that write failed or was skipped, InvalidArgument on a bad var.
-  void wait_to_read(Var v);
+  /// The call site is counted and, in sync-debug mode, reported or refused
+  /// (BlockingCallError), see sync_debug.hpp.
+  void wait_to_read(Var v, std::source_location where = std::source_location::current()) {
+    wait_to_read(v, CallSite{BlockingCall::kWaitToRead, where});
+  }
+  void wait_to_read(Var v, const CallSite& site);
 
   /// As wait_to_read, and also waits for every read of `v` recorded since.
-  void wait_to_write(Var v);
+  void wait_to_write(Var v, std::source_location where = std::source_location::current()) {
+    wait_to_write(v, CallSite{BlockingCall::kWaitToWrite, where});
+  }
+  void wait_to_write(Var v, const CallSite& site);
 
   /// Blocks until everything recorded before the call is done, helping to
   /// run it. Throws OpError for the first failure no wait has reported yet.
-  void waitall();
+  void waitall(std::source_location where = std::source_location::current()) {
+    waitall(CallSite{BlockingCall::kWaitall, where});
+  }
+  void waitall(const CallSite& site);
 
   [[nodiscard]] Policy policy() const noexcept;
   [[nodiscard]] int num_threads() const noexcept;

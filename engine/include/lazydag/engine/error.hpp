@@ -32,6 +32,12 @@ class BackendUnavailable : public Error {
   using Error::Error;
 };
 
+/// A blocking call made while sync debugging is in `error` mode.
+class BlockingCallError : public Error {
+ public:
+  using Error::Error;
+};
+
 /// A recorded op failed (or inherited the failure of an op it depends on).
 /// Thrown by the waits; carries the failing op's name and the original
 /// exception, which is also nested (std::rethrow_if_nested reaches it).

@@ -1,0 +1,238 @@
+// The profiler: per-thread event buffers and the Chrome trace-event writer.
+#include <lazydag/engine/error.hpp>
+#include <lazydag/engine/profiler.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <unordered_map>
+
+#include "profiler_internal.hpp"
+
+namespace lazydag::profiler {
+
+namespace detail {
+
+std::atomic<bool> g_on{false};
+
+namespace {
+
+// One per thread that ever recorded. Its own mutex is only contended by
+// dump(), never by other recording threads.
+struct ThreadBuffer {
+  std::mutex mu;
+  int tid = 0;
+  std::string name;
+  std::vector<NodeEvent> nodes;
+  std::vector<FrontendEvent> frontend;
+};
+
+struct Registry {
+  std::mutex mu;  // guards `buffers` (taken once per thread, and by dump)
+  std::vector<std::shared_ptr<ThreadBuffer>> buffers;
+};
+
+// Never destroyed: threads may record during static destruction.
+Registry& registry() {
+  static Registry* r = new Registry();
+  return *r;
+}
+
+ThreadBuffer& local_buffer() {
+  thread_local std::shared_ptr<ThreadBuffer> mine = [] {
+    auto b = std::make_shared<ThreadBuffer>();
+    Registry& r = registry();
+    std::lock_guard lk(r.mu);
+    b->tid = static_cast<int>(r.buffers.size()) + 1;
+    b->name = "thread " + std::to_string(b->tid);
+    r.buffers.push_back(b);
+    return b;
+  }();
+  return *mine;
+}
+
+}  // namespace
+
+void record(NodeEvent&& e) {
+  ThreadBuffer& b = local_buffer();
+  std::lock_guard lk(b.mu);
+  b.nodes.push_back(std::move(e));
+}
+
+void record(FrontendEvent&& e) {
+  ThreadBuffer& b = local_buffer();
+  std::lock_guard lk(b.mu);
+  b.frontend.push_back(std::move(e));
+}
+
+void name_thread(const std::string& name) {
+  ThreadBuffer& b = local_buffer();
+  std::lock_guard lk(b.mu);
+  b.name = name;
+}
+
+}  // namespace detail
+
+namespace {
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::string us(std::uint64_t ns, std::uint64_t base) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f", static_cast<double>(ns - base) / 1000.0);
+  return buf;
+}
+
+template <class T>
+std::string json_list(const std::vector<T>& v) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+void start() { detail::g_on.store(true, std::memory_order_relaxed); }
+void stop() { detail::g_on.store(false, std::memory_order_relaxed); }
+bool running() noexcept { return detail::on(); }
+
+std::size_t event_count() {
+  detail::Registry& r = detail::registry();
+  std::lock_guard lk(r.mu);
+  std::size_t n = 0;
+  for (auto& b : r.buffers) {
+    std::lock_guard bl(b->mu);
+    n += b->nodes.size() + b->frontend.size();
+  }
+  return n;
+}
+
+void dump(const std::string& path) {
+  struct Taken {
+    int tid;
+    std::string name;
+    std::vector<detail::NodeEvent> nodes;
+    std::vector<detail::FrontendEvent> frontend;
+  };
+  std::vector<Taken> taken;
+  {
+    detail::Registry& r = detail::registry();
+    std::lock_guard lk(r.mu);
+    for (auto& b : r.buffers) {
+      std::lock_guard bl(b->mu);
+      taken.push_back(Taken{b->tid, b->name, std::move(b->nodes), std::move(b->frontend)});
+      b->nodes.clear();
+      b->frontend.clear();
+    }
+  }
+  std::uint64_t base = UINT64_MAX;
+  // Where each node ran, for the flow arrows from producer to consumer.
+  struct Where {
+    int tid;
+    std::uint64_t end;
+  };
+  std::unordered_map<std::uint64_t, std::unordered_map<std::uint64_t, Where>> ran;
+  for (const auto& t : taken) {
+    for (const auto& e : t.nodes) {
+      base = std::min(base, e.t_push);
+      ran[e.engine][e.id] = Where{t.tid, e.t_end};
+    }
+    for (const auto& e : t.frontend) base = std::min(base, e.t0);
+  }
+  if (base == UINT64_MAX) base = 0;
+
+  std::ostringstream os;
+  os << "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n";
+  bool first = true;
+  auto emit = [&](const std::string& ev) {
+    os << (first ? "" : ",\n") << ev;
+    first = false;
+  };
+  emit("{\"ph\":\"M\",\"pid\":1,\"name\":\"process_name\",\"args\":{\"name\":\"lazydag\"}}");
+  std::uint64_t flow = 0;
+  for (const auto& t : taken) {
+    emit("{\"ph\":\"M\",\"pid\":1,\"tid\":" + std::to_string(t.tid) +
+         ",\"name\":\"thread_name\",\"args\":{\"name\":" + json_string(t.name) + "}}");
+    for (const auto& e : t.nodes) {
+      std::string args = "{\"id\":" + std::to_string(e.id) + ",\"engine\":" + std::to_string(e.engine) +
+                         ",\"device\":" + json_string(e.device) + ",\"worker\":" +
+                         std::to_string(e.worker) + ",\"reads\":" + json_list(e.reads) +
+                         ",\"writes\":" + json_list(e.writes) + ",\"preds\":" + json_list(e.preds) +
+                         ",\"push_us\":" + us(e.t_push, base) + ",\"ready_us\":" + us(e.t_ready, base) +
+                         ",\"queued_us\":" + us(e.t_start, e.t_ready) + ",\"status\":" +
+                         json_string(e.failed ? "failed" : e.skipped ? "skipped" : "ok") + "}";
+      emit("{\"ph\":\"X\",\"cat\":\"op\",\"pid\":1,\"tid\":" + std::to_string(t.tid) +
+           ",\"name\":" + json_string(e.name) + ",\"ts\":" + us(e.t_start, base) +
+           ",\"dur\":" + us(e.t_end, e.t_start) + ",\"args\":" + args + "}");
+      for (std::uint64_t p : e.preds) {
+        auto eng = ran.find(e.engine);
+        if (eng == ran.end()) continue;
+        auto it = eng->second.find(p);
+        if (it == eng->second.end()) continue;
+        const std::string id = std::to_string(++flow);
+        emit("{\"ph\":\"s\",\"cat\":\"dep\",\"name\":\"dep\",\"id\":" + id + ",\"pid\":1,\"tid\":" +
+             std::to_string(it->second.tid) + ",\"ts\":" +
+             us(it->second.end > base ? it->second.end - 1 : it->second.end, base) + "}");
+        emit("{\"ph\":\"f\",\"bp\":\"e\",\"cat\":\"dep\",\"name\":\"dep\",\"id\":" + id +
+             ",\"pid\":1,\"tid\":" + std::to_string(t.tid) + ",\"ts\":" + us(e.t_start, base) + "}");
+      }
+    }
+    for (const auto& e : t.frontend) {
+      emit("{\"ph\":\"X\",\"cat\":" + json_string(e.category) + ",\"pid\":1,\"tid\":" +
+           std::to_string(t.tid) + ",\"name\":" + json_string(e.name) + ",\"ts\":" + us(e.t0, base) +
+           ",\"dur\":" + us(e.t1, e.t0) + ",\"args\":{\"where\":" + json_string(e.where) + "}}");
+    }
+  }
+  os << "\n]}\n";
+  std::ofstream out(path);
+  if (!out) throw Error("profiler::dump: cannot write " + path);
+  out << os.str();
+  if (!out) throw Error("profiler::dump: write to " + path + " failed");
+}
+
+namespace {
+
+// LAZYDAG_PROFILE=trace.json: profile the whole run. Registered at load, so
+// the dump runs after the exit handler that finishes the recorded work.
+struct WholeRun {
+  WholeRun() {
+    const char* path = std::getenv("LAZYDAG_PROFILE");
+    if (path == nullptr || *path == '\0') return;
+    static std::string file = path;
+    start();
+    std::atexit([] {
+      try {
+        dump(file);
+      } catch (const std::exception& e) {
+        std::cerr << "lazydag: " << e.what() << '\n';
+      }
+    });
+  }
+};
+const WholeRun whole_run;
+
+}  // namespace
+}  // namespace lazydag::profiler

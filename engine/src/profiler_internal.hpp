@@ -1,0 +1,54 @@
+// What the engine hands to the profiler. Recording goes to a per-thread
+// buffer; when the profiler is off the cost is one relaxed atomic load.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lazydag::profiler::detail {
+
+extern std::atomic<bool> g_on;
+
+inline bool on() noexcept { return g_on.load(std::memory_order_relaxed); }
+
+inline std::uint64_t now_ns() noexcept {
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                        std::chrono::steady_clock::now().time_since_epoch())
+                                        .count());
+}
+
+struct NodeEvent {
+  std::uint64_t engine = 0;  // distinguishes engines' node ids
+  std::uint64_t id = 0;
+  std::string name;
+  std::string device;
+  int worker = -1;
+  std::uint64_t t_push = 0;
+  std::uint64_t t_ready = 0;
+  std::uint64_t t_start = 0;
+  std::uint64_t t_end = 0;
+  std::vector<std::uint32_t> reads;
+  std::vector<std::uint32_t> writes;
+  std::vector<std::uint64_t> preds;
+  bool failed = false;
+  bool skipped = false;
+};
+
+struct FrontendEvent {
+  const char* category = "";  // "record" or "wait"
+  std::string name;
+  std::string where;
+  std::uint64_t t0 = 0;
+  std::uint64_t t1 = 0;
+};
+
+/// Append to the calling thread's buffer (no global lock).
+void record(NodeEvent&& e);
+void record(FrontendEvent&& e);
+/// Names the calling thread's track ("worker 0", "frontend").
+void name_thread(const std::string& name);
+
+}  // namespace lazydag::profiler::detail

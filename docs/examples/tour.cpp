@@ -1,5 +1,6 @@
 // ./dev demo: the lessons of asynchronous execution, re-run on lazydag.
 // Every figure is measured in this run; nothing is quoted but the textbook's.
+#include <lazydag/engine/graph.hpp>
 #include <lazydag/lazydag.hpp>
 
 #include <cblas.h>
@@ -7,6 +8,10 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <span>
+#include <sstream>
 #include <string>
 
 using namespace lazydag;
@@ -170,6 +175,62 @@ void window_lesson() {
               before, after, nd::engine().max_pending(), s.peak_unfinished);
 }
 
+// 7. Sync debugging catches the per-step log; MetricLog is the cure.
+void metric_log_lesson() {
+  heading("7. Catching the per-step loss log, then fixing it");
+  const int steps = 200;
+  NDArray X = nd::random_normal({128, 32}, cpu(), 5);
+  NDArray Y = nd::random_normal({128, 1}, cpu(), 6);
+  NDArray w = nd::zeros({32, 1});
+  auto step = [&] {
+    NDArray err = nd::matmul(X, w) - Y;
+    w -= nd::matmul(X.transpose(), err) * (0.1 / 128.0);
+    return (err * err).mean();
+  };
+  engine::clear_blocking_sites();
+  engine::set_sync_debug(engine::SyncDebug::kWarn);  // as LAZYDAG_SYNC_DEBUG=warn would
+  std::printf("  with sync debug on, logging loss.item() every step reports (on stderr):\n");
+  std::fflush(stdout);
+  double last = 0;
+  for (int s = 0; s < steps; ++s) last = step().item<float>();  // the mistake
+  engine::set_sync_debug(engine::SyncDebug::kOff);
+  std::istringstream report(engine::blocking_report());
+  for (std::string line; std::getline(report, line);) std::printf("  | %s\n", line.c_str());
+  engine::clear_blocking_sites();
+
+  w = nd::zeros({32, 1});  // train again from scratch, logging the cure's way
+  const auto before = nd::engine().stats().blocking_waits;
+  std::vector<double> logged;
+  {
+    MetricLog log("loss", 50, [&](std::int64_t, std::span<const double> v) {
+      logged.insert(logged.end(), v.begin(), v.end());
+    });
+    for (int s = 0; s < steps; ++s) log.append(step());  // stays on the device
+  }
+  const auto blocking = nd::engine().stats().blocking_waits - before;
+  std::printf("  with MetricLog(flush_every=50): %d values logged with %llu blocking transfers;"
+              " loss %.4f -> %.4f\n",
+              static_cast<int>(logged.size()), static_cast<unsigned long long>(blocking),
+              logged.front(), logged.back());
+  (void)last;
+}
+
+// 8. The recorded graph, as Graphviz DOT with its critical path.
+void graph_lesson() {
+  heading("8. The recorded graph (Graphviz DOT, critical path in red)");
+  NDArray x = nd::random_uniform({64, 64}, cpu(), 7);
+  nd::waitall();
+  NDArray h = nd::relu(nd::matmul(x, x));
+  NDArray y = nd::tanh(nd::matmul(h, x)) + h;
+  NDArray loss = (y * y).mean();
+  const std::string path = (std::filesystem::temp_directory_path() / "lazydag_tour_graph.dot").string();
+  engine::dump_graph(nd::engine(), path, loss.var());  // what loss.item() would run
+  std::printf("  wrote %s: %zu pending ops, critical path of %zu ops\n", path.c_str(),
+              boost::num_vertices(engine::pending_graph(nd::engine())),
+              engine::critical_path(engine::pending_graph(nd::engine())).size());
+  std::printf("  loss = %.4f\n", loss.item<float>());
+}
+
 }  // namespace
 
 int main() {
@@ -183,10 +244,21 @@ int main() {
   devices_lesson();
   mismatch_lesson();
   window_lesson();
+  metric_log_lesson();
+  graph_lesson();
   engine::EngineStats s = eng.stats();
-  std::printf("\nengine: %llu ops recorded, %llu run, %llu blocking waits\n",
+  std::printf("\nengine counters: %llu ops recorded, %llu run, %llu failed, %llu skipped;"
+              " peak unfinished %zu\n",
               static_cast<unsigned long long>(s.nodes_recorded),
               static_cast<unsigned long long>(s.nodes_run),
-              static_cast<unsigned long long>(s.blocking_waits));
+              static_cast<unsigned long long>(s.nodes_failed),
+              static_cast<unsigned long long>(s.nodes_skipped), s.peak_unfinished);
+  std::printf("blocking calls: %llu in all, %.3f s blocked;", static_cast<unsigned long long>(s.blocking_waits),
+              static_cast<double>(s.blocked_ns) * 1e-9);
+  for (std::size_t k = 0; k < engine::kBlockingCallKinds; ++k) {
+    std::printf(" %s=%llu", std::string(engine::to_string(static_cast<engine::BlockingCall>(k))).c_str(),
+                static_cast<unsigned long long>(s.blocking_calls[k]));
+  }
+  std::printf("\n");
   return 0;
 }

@@ -663,16 +663,19 @@ void EngineImpl::trace(const Node* n) const {
   e.engine = profile_id_;
   e.id = n->seq;
   e.name = n->name;
-  e.device = n->device.str();
+  e.device = n->device;
   e.worker = n->worker;
   // A node recorded before the profiler started has only run times.
   e.t_push = n->t_push != 0 ? n->t_push : n->t_start;
   e.t_ready = n->t_ready != 0 ? n->t_ready : n->t_start;
   e.t_start = n->t_start;
   e.t_end = n->t_end;
-  for (const VarState* v : n->reads) e.reads.push_back(v->handle.index);
-  for (const VarState* v : n->writes) e.writes.push_back(v->handle.index);
-  for (const Node* p : n->preds) e.preds.push_back(p->seq);
+  e.ids.reserve(n->reads.size() + n->writes.size() + n->preds.size());
+  for (const VarState* v : n->reads) e.ids.push_back(v->handle.index);
+  for (const VarState* v : n->writes) e.ids.push_back(v->handle.index);
+  for (const Node* p : n->preds) e.ids.push_back(p->seq);
+  e.num_reads = static_cast<std::uint16_t>(n->reads.size());
+  e.num_writes = static_cast<std::uint16_t>(n->writes.size());
   e.failed = n->failed;
   e.skipped = !n->failed && n->error != nullptr;
   profiler::detail::record(std::move(e));

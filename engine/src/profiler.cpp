@@ -23,12 +23,40 @@ namespace {
 
 // One per thread that ever recorded. Its own mutex is only contended by
 // dump(), never by other recording threads.
+// Events are appended to fixed-capacity chunks, so a growing buffer never
+// moves the events it holds.
+template <class T>
+class ChunkedLog {
+ public:
+  static constexpr std::size_t kChunk = 4096;
+  void push(T&& e) {
+    if (chunks_.empty() || chunks_.back().size() == kChunk) {
+      chunks_.emplace_back();
+      chunks_.back().reserve(kChunk);
+    }
+    chunks_.back().push_back(std::move(e));
+  }
+  [[nodiscard]] std::size_t size() const {
+    return chunks_.empty() ? 0 : (chunks_.size() - 1) * kChunk + chunks_.back().size();
+  }
+  template <class F>
+  void for_each(F&& f) const {
+    for (const auto& c : chunks_) {
+      for (const auto& e : c) f(e);
+    }
+  }
+  void clear() { chunks_.clear(); }
+
+ private:
+  std::vector<std::vector<T>> chunks_;
+};
+
 struct ThreadBuffer {
   std::mutex mu;
   int tid = 0;
   std::string name;
-  std::vector<NodeEvent> nodes;
-  std::vector<FrontendEvent> frontend;
+  ChunkedLog<NodeEvent> nodes;
+  ChunkedLog<FrontendEvent> frontend;
 };
 
 struct Registry {
@@ -60,13 +88,13 @@ ThreadBuffer& local_buffer() {
 void record(NodeEvent&& e) {
   ThreadBuffer& b = local_buffer();
   std::lock_guard lk(b.mu);
-  b.nodes.push_back(std::move(e));
+  b.nodes.push(std::move(e));
 }
 
 void record(FrontendEvent&& e) {
   ThreadBuffer& b = local_buffer();
   std::lock_guard lk(b.mu);
-  b.frontend.push_back(std::move(e));
+  b.frontend.push(std::move(e));
 }
 
 void name_thread(const std::string& name) {
@@ -106,10 +134,9 @@ std::string us(std::uint64_t ns, std::uint64_t base) {
   return buf;
 }
 
-template <class T>
-std::string json_list(const std::vector<T>& v) {
+std::string json_list(const std::vector<std::uint64_t>& v, std::size_t from, std::size_t to) {
   std::string s = "[";
-  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  for (std::size_t i = from; i < to; ++i) s += (i > from ? "," : "") + std::to_string(v[i]);
   return s + "]";
 }
 
@@ -134,8 +161,8 @@ void dump(const std::string& path) {
   struct Taken {
     int tid;
     std::string name;
-    std::vector<detail::NodeEvent> nodes;
-    std::vector<detail::FrontendEvent> frontend;
+    detail::ChunkedLog<detail::NodeEvent> nodes;
+    detail::ChunkedLog<detail::FrontendEvent> frontend;
   };
   std::vector<Taken> taken;
   {
@@ -156,11 +183,11 @@ void dump(const std::string& path) {
   };
   std::unordered_map<std::uint64_t, std::unordered_map<std::uint64_t, Where>> ran;
   for (const auto& t : taken) {
-    for (const auto& e : t.nodes) {
+    t.nodes.for_each([&](const detail::NodeEvent& e) {
       base = std::min(base, e.t_push);
       ran[e.engine][e.id] = Where{t.tid, e.t_end};
-    }
-    for (const auto& e : t.frontend) base = std::min(base, e.t0);
+    });
+    t.frontend.for_each([&](const detail::FrontendEvent& e) { base = std::min(base, e.t0); });
   }
   if (base == UINT64_MAX) base = 0;
 
@@ -176,22 +203,26 @@ void dump(const std::string& path) {
   for (const auto& t : taken) {
     emit("{\"ph\":\"M\",\"pid\":1,\"tid\":" + std::to_string(t.tid) +
          ",\"name\":\"thread_name\",\"args\":{\"name\":" + json_string(t.name) + "}}");
-    for (const auto& e : t.nodes) {
+    t.nodes.for_each([&](const detail::NodeEvent& e) {
+      const std::size_t r_end = e.num_reads;
+      const std::size_t w_end = r_end + e.num_writes;
       std::string args = "{\"id\":" + std::to_string(e.id) + ",\"engine\":" + std::to_string(e.engine) +
-                         ",\"device\":" + json_string(e.device) + ",\"worker\":" +
-                         std::to_string(e.worker) + ",\"reads\":" + json_list(e.reads) +
-                         ",\"writes\":" + json_list(e.writes) + ",\"preds\":" + json_list(e.preds) +
+                         ",\"device\":" + json_string(e.device.str()) + ",\"worker\":" +
+                         std::to_string(e.worker) + ",\"reads\":" + json_list(e.ids, 0, r_end) +
+                         ",\"writes\":" + json_list(e.ids, r_end, w_end) +
+                         ",\"preds\":" + json_list(e.ids, w_end, e.ids.size()) +
                          ",\"push_us\":" + us(e.t_push, base) + ",\"ready_us\":" + us(e.t_ready, base) +
                          ",\"queued_us\":" + us(e.t_start, e.t_ready) + ",\"status\":" +
                          json_string(e.failed ? "failed" : e.skipped ? "skipped" : "ok") + "}";
       emit("{\"ph\":\"X\",\"cat\":\"op\",\"pid\":1,\"tid\":" + std::to_string(t.tid) +
            ",\"name\":" + json_string(e.name) + ",\"ts\":" + us(e.t_start, base) +
            ",\"dur\":" + us(e.t_end, e.t_start) + ",\"args\":" + args + "}");
-      for (std::uint64_t p : e.preds) {
+      for (std::size_t pi = w_end; pi < e.ids.size(); ++pi) {
+        const std::uint64_t p = e.ids[pi];
         auto eng = ran.find(e.engine);
         if (eng == ran.end()) continue;
         auto it = eng->second.find(p);
-        if (it == eng->second.end()) continue;
+        if (it == eng->second.end()) continue;  // the producer ran before the profiler started
         const std::string id = std::to_string(++flow);
         emit("{\"ph\":\"s\",\"cat\":\"dep\",\"name\":\"dep\",\"id\":" + id + ",\"pid\":1,\"tid\":" +
              std::to_string(it->second.tid) + ",\"ts\":" +
@@ -199,12 +230,12 @@ void dump(const std::string& path) {
         emit("{\"ph\":\"f\",\"bp\":\"e\",\"cat\":\"dep\",\"name\":\"dep\",\"id\":" + id +
              ",\"pid\":1,\"tid\":" + std::to_string(t.tid) + ",\"ts\":" + us(e.t_start, base) + "}");
       }
-    }
-    for (const auto& e : t.frontend) {
+    });
+    t.frontend.for_each([&](const detail::FrontendEvent& e) {
       emit("{\"ph\":\"X\",\"cat\":" + json_string(e.category) + ",\"pid\":1,\"tid\":" +
            std::to_string(t.tid) + ",\"name\":" + json_string(e.name) + ",\"ts\":" + us(e.t0, base) +
            ",\"dur\":" + us(e.t1, e.t0) + ",\"args\":{\"where\":" + json_string(e.where) + "}}");
-    }
+    });
   }
   os << "\n]}\n";
   std::ofstream out(path);

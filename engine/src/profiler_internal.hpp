@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <lazydag/engine/engine.hpp>
+
 namespace lazydag::profiler::detail {
 
 extern std::atomic<bool> g_on;
@@ -24,15 +26,17 @@ struct NodeEvent {
   std::uint64_t engine = 0;  // distinguishes engines' node ids
   std::uint64_t id = 0;
   std::string name;
-  std::string device;
+  engine::Device device;
   int worker = -1;
   std::uint64_t t_push = 0;
   std::uint64_t t_ready = 0;
   std::uint64_t t_start = 0;
   std::uint64_t t_end = 0;
-  std::vector<std::uint32_t> reads;
-  std::vector<std::uint32_t> writes;
-  std::vector<std::uint64_t> preds;
+  // read var indices, then written var indices, then predecessor ids: one
+  // allocation per event instead of three
+  std::vector<std::uint64_t> ids;
+  std::uint16_t num_reads = 0;
+  std::uint16_t num_writes = 0;
   bool failed = false;
   bool skipped = false;
 };

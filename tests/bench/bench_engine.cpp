@@ -2,6 +2,7 @@
 // directly against oneTBB's flow graph (one node per op) in the same run.
 // Prints one key=value line per figure: medians of repeats, ns per op.
 #include <lazydag/engine/engine.hpp>
+#include <lazydag/engine/profiler.hpp>
 
 #include <oneapi/tbb/flow_graph.h>
 
@@ -247,6 +248,20 @@ int main() {
                   ns / peer_ns[i]);
     }
     if (policy == Policy::kLazy) {
+      // The profiler's cost: the same workloads with it recording (its
+      // buffers are dumped to /dev/null between repeats, untimed).
+      for (std::size_t i : {std::size_t{1}, std::size_t{3}}) {
+        auto profiled = [&] {
+          lazydag::profiler::start();
+          double t = runs[i].second();
+          lazydag::profiler::stop();
+          lazydag::profiler::dump("/dev/null");
+          return t;
+        };
+        const double on = median_seconds(profiled) / peers[i].ops * 1e9;
+        std::printf("bench=engine workload=%s %s profiler=on ns_per_op=%.1f overhead_vs_off=%.2f\n",
+                    runs[i].first, who.c_str(), on, on / engine_ns.back()[i]);
+      }
       for (int unrelated : {1000, 10000, 100000, 1000000}) {
         double t = median_seconds([&] { return open.fresh_wait(unrelated); });
         std::printf("bench=engine workload=fresh_wait %s unrelated=%d ns_per_push_and_wait=%.1f\n",

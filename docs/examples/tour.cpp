@@ -216,14 +216,16 @@ void metric_log_lesson() {
 }
 
 // 8. The recorded graph, as Graphviz DOT with its critical path.
-void graph_lesson() {
+void graph_lesson(const std::string& dot_path) {
   heading("8. The recorded graph (Graphviz DOT, critical path in red)");
   NDArray x = nd::random_uniform({64, 64}, cpu(), 7);
   nd::waitall();
   NDArray h = nd::relu(nd::matmul(x, x));
   NDArray y = nd::tanh(nd::matmul(h, x)) + h;
   NDArray loss = (y * y).mean();
-  const std::string path = (std::filesystem::temp_directory_path() / "lazydag_tour_graph.dot").string();
+  const std::string path =
+      dot_path.empty() ? (std::filesystem::temp_directory_path() / "lazydag_tour_graph.dot").string()
+                       : dot_path;
   engine::dump_graph(nd::engine(), path, loss.var());  // what loss.item() would run
   std::printf("  wrote %s: %zu pending ops, critical path of %zu ops\n", path.c_str(),
               boost::num_vertices(engine::pending_graph(nd::engine())),
@@ -233,7 +235,8 @@ void graph_lesson() {
 
 }  // namespace
 
-int main() {
+// argv[1], if given: where lesson 8 writes its DOT file (./dev docs renders it).
+int main(int argc, char** argv) {
   engine::Engine& eng = nd::engine();
   std::printf("lazydag tour: policy=%s, %d workers, max_pending=%zu\n",
               std::string(engine::to_string(eng.policy())).c_str(), eng.num_threads(),
@@ -245,7 +248,7 @@ int main() {
   mismatch_lesson();
   window_lesson();
   metric_log_lesson();
-  graph_lesson();
+  graph_lesson(argc > 1 ? argv[1] : "");
   engine::EngineStats s = eng.stats();
   std::printf("\nengine counters: %llu ops recorded, %llu run, %llu failed, %llu skipped;"
               " peak unfinished %zu\n",

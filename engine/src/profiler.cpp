@@ -94,6 +94,7 @@ void record(NodeEvent&& e) {
 void record(FrontendEvent&& e) {
   ThreadBuffer& b = local_buffer();
   std::lock_guard lk(b.mu);
+  if (b.name.rfind("thread ", 0) == 0) b.name = "frontend " + std::to_string(b.tid);
   b.frontend.push(std::move(e));
 }
 

@@ -330,8 +330,10 @@ EngineImpl::EngineImpl(EngineOptions options)
   }
   if (num_threads_ > 0) {
     ensure_tbb_workers(num_threads_);
-    // No slot reserved for external threads: all num_threads_ slots are workers.
-    arena_ = std::make_unique<tbb::task_arena>(num_threads_, 0);
+    // Slot 0 is reserved for an external thread (never used: frontend threads
+    // help through the engine's own queues), so the workers take slots
+    // 1..num_threads_ and RunContext::worker_index is slot - 1.
+    arena_ = std::make_unique<tbb::task_arena>(num_threads_ + 1, 1);
     arena_->initialize();
   }
 }
@@ -774,7 +776,7 @@ void EngineImpl::run_batch(Node** batch, std::uint32_t k, int worker, Lock& lk) 
 }
 
 void EngineImpl::runner() {
-  const int worker = tbb::this_task_arena::current_thread_index();
+  const int worker = tbb::this_task_arena::current_thread_index() - 1;
   if (profiler::detail::on()) {
     thread_local bool named = false;
     if (!named) {

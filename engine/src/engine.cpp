@@ -26,7 +26,9 @@
 #include <iostream>
 #include <limits>
 #include <mutex>
+#include <sstream>
 #include <thread>
+#include <unordered_set>
 
 #include "graph_mutex.hpp"
 #include "profiler_internal.hpp"
@@ -82,6 +84,14 @@ EngineOptions EngineOptions::from_env() {
     o.policy = parse_policy(p);
   }
   o.num_threads = static_cast<int>(env_size("LAZYDAG_NUM_THREADS", 0, 1024));
+  if (const char* w = std::getenv("LAZYDAG_WATCHDOG"); w != nullptr && *w != '\0') {
+    char* end = nullptr;
+    const double v = std::strtod(w, &end);
+    if (end == w || *end != '\0' || !(v >= 0)) {
+      throw InvalidArgument(std::string("LAZYDAG_WATCHDOG='") + w + "' is not a number of seconds >= 0");
+    }
+    o.watchdog_seconds = v;
+  }
   o.max_pending = env_size("LAZYDAG_MAX_PENDING", o.max_pending,
                            std::numeric_limits<std::uint32_t>::max());
   return o;
@@ -206,7 +216,7 @@ class EngineImpl {
   void wait_to_read(Var v, const CallSite& site);
   void wait_to_write(Var v, const CallSite& site);
   void waitall(const CallSite& site);
-  void wait_all_recorded();
+  void wait_all_recorded(bool watchdog);
   EngineStats stats() const;
   std::vector<PendingNode> pending_nodes() const;
 
@@ -245,7 +255,9 @@ class EngineImpl {
   Waiter& register_waiter(WaitMode mode);
   void unregister_waiter(Waiter& w);
   template <class Done>
-  void help_until(Waiter& w, Lock& lk, Done done);
+  bool help_until(Waiter& w, Lock& lk, Done done, bool watchdog = true);
+  std::string describe_pending(Node* target) const;
+  void untag(Node* target, std::uint32_t tag);
   void wait_node(Node* target, Lock& lk);
   void after_push(Node* n, Lock& lk);
   void spawn_if_needed();
@@ -340,7 +352,7 @@ EngineImpl::EngineImpl(EngineOptions options)
 
 EngineImpl::~EngineImpl() {
   try {
-    wait_all_recorded();
+    wait_all_recorded(/*watchdog=*/false);
   } catch (const std::exception& e) {
     std::cerr << "lazydag: engine destroyed with an error no wait collected: " << e.what()
               << '\n';
@@ -825,10 +837,17 @@ void EngineImpl::unregister_waiter(Waiter& w) {
   }
 }
 
+// Runs this waiter's share of ready work until done(). Returns false when
+// the watchdog expired first (only when `watchdog` and it is on).
 template <class Done>
-void EngineImpl::help_until(Waiter& w, Lock& lk, Done done) {
+bool EngineImpl::help_until(Waiter& w, Lock& lk, Done done, bool watchdog) {
+  const bool timed = watchdog && options_.watchdog_seconds > 0;
+  const auto deadline =
+      std::chrono::steady_clock::now() +
+      std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+          std::chrono::duration<double>(timed ? options_.watchdog_seconds : 0.0));
   for (;;) {
-    if (done()) return;
+    if (done()) return true;
     if (w.mode == WaitMode::kNode) {
       if (Node* n = pop_help(w); n != nullptr) {
         flush_spawns(lk);
@@ -851,9 +870,16 @@ void EngineImpl::help_until(Waiter& w, Lock& lk, Done done) {
       }
     }
     flush_spawns(lk);
-    if (done()) return;
+    if (done()) return true;
     w.available = true;
-    w.cv.wait(lk);
+    if (timed) {
+      if (w.cv.wait_until(lk, deadline) == std::cv_status::timeout && !done()) {
+        w.available = false;
+        return false;
+      }
+    } else {
+      w.cv.wait(lk);
+    }
     w.available = false;
   }
 }
@@ -866,9 +892,83 @@ void EngineImpl::wait_node(Node* target, Lock& lk) {
   w.available = true;  // while traversing: the first ready node goes to us
   request_subgraph(target, w);
   w.available = false;
-  help_until(w, lk, [&] { return target->state == NodeState::kDone; });
+  const bool finished = help_until(w, lk, [&] { return target->state == NodeState::kDone; });
   --target->waiters;
+  if (!finished) {
+    // Leave no tag of this waiter behind: its nodes go on running on workers.
+    untag(target, w.tag);
+    unregister_waiter(w);
+    std::string report = describe_pending(target);
+    lk.unlock();
+    std::cerr << report;
+    throw WatchdogTimeout(report);
+  }
   unregister_waiter(w);
+}
+
+void EngineImpl::untag(Node* target, std::uint32_t tag) {
+  scratch_.clear();
+  scratch_.push_back(target);
+  while (!scratch_.empty()) {
+    Node* n = scratch_.back();
+    scratch_.pop_back();
+    if (n->state == NodeState::kDone || n->tag != tag) continue;
+    n->tag = 0;
+    if (n->state == NodeState::kReady) spawn_if_needed();  // it may have been handed only to us
+    for (Node* p : n->preds) scratch_.push_back(p);
+  }
+}
+
+namespace {
+std::string_view state_name(const Node* n) {
+  switch (n->state) {
+    case NodeState::kRecorded: return n->requested ? "waiting for inputs" : "recorded (lazy)";
+    case NodeState::kReady: return "ready";
+    case NodeState::kRunning: return "running";
+    case NodeState::kDone: return "done";
+  }
+  return "?";
+}
+}  // namespace
+
+// The watchdog's report: the unfinished nodes a wait is blocked on (the
+// target's pending ancestors, or every unfinished node for waitall).
+std::string EngineImpl::describe_pending(Node* target) const {
+  std::vector<const Node*> nodes;
+  if (target != nullptr) {
+    std::vector<const Node*> stack{target};
+    std::unordered_set<const Node*> seen{target};
+    while (!stack.empty()) {
+      const Node* n = stack.back();
+      stack.pop_back();
+      if (n->state == NodeState::kDone) continue;
+      nodes.push_back(n);
+      for (const Node* p : n->preds) {
+        if (seen.insert(p).second) stack.push_back(p);
+      }
+    }
+    std::sort(nodes.begin(), nodes.end(), [](const Node* a, const Node* b) { return a->seq < b->seq; });
+  } else {
+    for (const Node* n = live_head_; n != nullptr; n = n->live_next) nodes.push_back(n);
+  }
+  std::ostringstream os;
+  os << "lazydag watchdog: a wait blocked for more than " << options_.watchdog_seconds
+     << " s on " << nodes.size() << " unfinished node(s):\n";
+  std::size_t shown = 0;
+  for (const Node* n : nodes) {
+    if (++shown > 20) {
+      os << "  ... and " << nodes.size() - 20 << " more\n";
+      break;
+    }
+    os << "  #" << n->seq << " '" << n->name << "' on " << n->device.str() << ": " << state_name(n);
+    if (n->pending != 0) os << ", " << n->pending << " input(s) pending";
+    os << "; reads";
+    for (const VarState* v : n->reads) os << " v" << v->handle.index;
+    os << "; writes";
+    for (const VarState* v : n->writes) os << " v" << v->handle.index;
+    os << '\n';
+  }
+  return os.str();
 }
 
 // ---- public operations ---------------------------------------------------
@@ -883,7 +983,7 @@ void EngineImpl::after_push(Node* n, Lock& lk) {
       // so that nothing recorded waits for a later waitall.
       Waiter& w = register_waiter(WaitMode::kAll);
       w.all_before = next_seq_;
-      help_until(w, lk, [&] { return ready_.empty(); });
+      help_until(w, lk, [&] { return ready_.empty(); }, /*watchdog=*/false);
       unregister_waiter(w);
     } else {
       request(n);  // recorded by a running op: runs after it, at the next wait
@@ -894,7 +994,7 @@ void EngineImpl::after_push(Node* n, Lock& lk) {
     while (unreq_count_ > options_.max_pending) request(unreq_head_);
     if (live_count_ > 2 * options_.max_pending && tls_running_engine != this) {
       Waiter& w = register_waiter(WaitMode::kThrottle);
-      help_until(w, lk, [&] { return live_count_ <= options_.max_pending; });
+      help_until(w, lk, [&] { return live_count_ <= options_.max_pending; }, /*watchdog=*/false);
       unregister_waiter(w);
     }
   }
@@ -1016,18 +1116,26 @@ void EngineImpl::wait_to_write(Var v, const CallSite& site) {
 void EngineImpl::waitall(const CallSite& site) {
   check_not_in_op("waitall");
   BlockingScope scope(*this, site);
-  wait_all_recorded();
+  wait_all_recorded(/*watchdog=*/true);
 }
 
 // waitall without the blocking-call accounting: also used by the destructor
 // and at exit, which must run what was recorded whatever sync debug says.
-void EngineImpl::wait_all_recorded() {
+void EngineImpl::wait_all_recorded(bool watchdog) {
   Lock lk(mu_);
   Waiter& w = register_waiter(WaitMode::kAll);
   w.all_before = next_seq_;
   while (unreq_head_ != nullptr) request(unreq_head_);
-  help_until(w, lk, [&] { return live_head_ == nullptr || live_head_->seq >= w.all_before; });
+  const bool finished =
+      help_until(w, lk, [&] { return live_head_ == nullptr || live_head_->seq >= w.all_before; },
+                 watchdog);
   unregister_waiter(w);
+  if (!finished) {
+    std::string report = describe_pending(nullptr);
+    lk.unlock();
+    std::cerr << report;
+    throw WatchdogTimeout(report);
+  }
   flush_spawns(lk);
   // Report the oldest failure no wait has reported (deterministic across policies).
   ErrorPtr first;
@@ -1093,7 +1201,7 @@ Engine& Engine::get() {
     auto* e = new Engine();
     std::atexit([] {
       try {
-        Engine::get().impl_->wait_all_recorded();
+        Engine::get().impl_->wait_all_recorded(/*watchdog=*/false);
       } catch (const std::exception& ex) {
         std::cerr << "lazydag: error no wait collected before exit: " << ex.what() << '\n';
       }

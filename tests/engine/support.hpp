@@ -23,6 +23,8 @@ struct Config {
     o.policy = policy;
     o.num_threads = threads;
     o.max_pending = max_pending;
+    // the suites run with LAZYDAG_WATCHDOG set: a hang fails with a report
+    o.watchdog_seconds = engine::EngineOptions::from_env().watchdog_seconds;
     return o;
   }
 };

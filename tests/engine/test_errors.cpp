@@ -6,6 +6,8 @@
 
 #include <atomic>
 #include <functional>
+#include <iostream>
+#include <sstream>
 #include <stdexcept>
 
 #include "support.hpp"
@@ -186,6 +188,48 @@ TEST_SUITE("engine") {
         CHECK(e.op_name() == "nested_wait");
         CHECK(std::string(e.what()).find("inside a running op") != std::string::npos);
       }
+    }
+  }
+
+  TEST_CASE("Errors.WatchdogTurnsAHangIntoAReport" * doctest::timeout(60)) {
+    // eager: the stuck op starts on the only worker at once, so the wait
+    // below is a waiter that sleeps (not one running the stuck op itself)
+    for (Policy p : {Policy::kEager}) {
+      CAPTURE(to_string(p));
+      EngineOptions o;
+      o.policy = p;
+      o.num_threads = 1;
+      o.watchdog_seconds = 0.3;
+      Engine eng(o);
+      Var a = eng.new_var();
+      Var b = eng.new_var();
+      test::Gate gate;
+      std::atomic<bool> parked{false};
+      eng.push(
+          [&](const RunContext&) {
+            parked = true;
+            (void)gate.wait(30.0);
+          },
+          {}, {a}, {.name = "stuck_op"});
+      REQUIRE(test::spin_until([&] { return parked.load(); }));
+      eng.push(nothing, {a}, {b}, {.name = "after_stuck"});
+      std::ostringstream err;
+      auto* old = std::cerr.rdbuf(err.rdbuf());
+      std::string report;
+      try {
+        eng.wait_to_read(b);
+      } catch (const WatchdogTimeout& e) {
+        report = e.what();
+      }
+      std::cerr.rdbuf(old);
+      CHECK(report.find("'stuck_op'") != std::string::npos);
+      CHECK(report.find("running") != std::string::npos);
+      CHECK(report.find("'after_stuck'") != std::string::npos);
+      CHECK(report.find("1 input(s) pending") != std::string::npos);
+      gate.open();
+      // the engine is intact: the work finishes and the var reads normally
+      CHECK_NOTHROW(eng.wait_to_read(b));
+      eng.waitall();
     }
   }
 }

@@ -8,6 +8,7 @@
 #include <sys/resource.h>
 
 #include <atomic>
+#include <cstdlib>
 
 using namespace lazydag::engine;
 
@@ -32,7 +33,10 @@ TEST_SUITE("engine") {
       for (int i = 0; i < 64; ++i) vars.push_back(eng.new_var());
       std::vector<std::uint64_t> counts(64, 0);
       const long before = peak_rss_kib();
-      constexpr int kOps = 10'000'000;
+      // 10 million by default; sanitizer runs ask for fewer (LAZYDAG_MEMORY_OPS).
+      const int kOps = std::getenv("LAZYDAG_MEMORY_OPS") != nullptr
+                           ? std::atoi(std::getenv("LAZYDAG_MEMORY_OPS"))
+                           : 10'000'000;
       for (int i = 0; i < kOps; ++i) {
         std::uint64_t* c = &counts[i % 64];
         eng.push([c](const RunContext&) { ++*c; }, {}, {vars[i % 64]});

@@ -67,7 +67,8 @@ struct PushOptions {
 };
 
 /// Engine construction options. from_env() reads LAZYDAG_ENGINE
-/// (lazy|eager|naive), LAZYDAG_NUM_THREADS and LAZYDAG_MAX_PENDING.
+/// (lazy|eager|naive), LAZYDAG_NUM_THREADS, LAZYDAG_MAX_PENDING and
+/// LAZYDAG_WATCHDOG (seconds).
 struct EngineOptions {
   Policy policy = Policy::kLazy;
   int num_threads = 0;  ///< CPU workers; 0 = the hardware's concurrency
@@ -75,6 +76,10 @@ struct EngineOptions {
   /// also stalls a frontend that has twice this many nodes unfinished.
   /// 0 = unbounded.
   std::size_t max_pending = 16384;
+  /// Debugging aid: a wait that blocks longer than this many seconds fails
+  /// with WatchdogTimeout listing the pending nodes it waits for, instead of
+  /// hanging. 0 = off. From LAZYDAG_WATCHDOG.
+  double watchdog_seconds = 0;
 
   /// Defaults overridden by the environment; throws InvalidArgument on a
   /// malformed value.

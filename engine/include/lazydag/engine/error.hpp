@@ -38,6 +38,13 @@ class BlockingCallError : public Error {
   using Error::Error;
 };
 
+/// A wait outlived the watchdog (EngineOptions::watchdog_seconds); the
+/// message lists the pending nodes it was waiting for.
+class WatchdogTimeout : public Error {
+ public:
+  using Error::Error;
+};
+
 /// A recorded op failed (or inherited the failure of an op it depends on).
 /// Thrown by the waits; carries the failing op's name and the original
 /// exception, which is also nested (std::rethrow_if_nested reaches it).

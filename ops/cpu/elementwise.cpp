@@ -15,14 +15,37 @@ using detail::typed;
 
 namespace {
 
+// Integer arithmetic wraps around (two's complement) instead of being
+// undefined on overflow: the operation is done in the unsigned type.
+template <class T>
+T wrap_add(T a, T b) {
+  using U = std::make_unsigned_t<T>;
+  return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+}
+template <class T>
+T wrap_sub(T a, T b) {
+  using U = std::make_unsigned_t<T>;
+  return static_cast<T>(static_cast<U>(static_cast<U>(a) - static_cast<U>(b)));
+}
+template <class T>
+T wrap_mul(T a, T b) {
+  using U = std::make_unsigned_t<T>;
+  using W = std::conditional_t<(sizeof(U) < sizeof(unsigned)), unsigned, U>;
+  return static_cast<T>(static_cast<U>(static_cast<W>(static_cast<U>(a)) * static_cast<W>(static_cast<U>(b))));
+}
+
 template <class T>
 T apply_unary(UnaryOp op, T x) {
   if constexpr (std::is_same_v<T, bool>) {
     throw std::logic_error("unary op on bool");  // refused at record time
   } else {
     switch (op) {
-      case UnaryOp::kNeg: return static_cast<T>(-x);
-      case UnaryOp::kAbs: return x < 0 ? static_cast<T>(-x) : x;
+      case UnaryOp::kNeg:
+        if constexpr (std::is_integral_v<T>) return wrap_sub<T>(T(0), x);
+        return static_cast<T>(-x);
+      case UnaryOp::kAbs:
+        if constexpr (std::is_integral_v<T>) return x < 0 ? wrap_sub<T>(T(0), x) : x;
+        return x < 0 ? static_cast<T>(-x) : x;
       case UnaryOp::kRelu: return x > 0 ? x : T(0);
       default: break;
     }
@@ -46,13 +69,19 @@ T apply_binary(BinaryOp op, T a, T b) {
     throw std::logic_error("arithmetic on bool");  // refused at record time
   } else {
     switch (op) {
-      case BinaryOp::kAdd: return static_cast<T>(a + b);
-      case BinaryOp::kSub: return static_cast<T>(a - b);
-      case BinaryOp::kMul: return static_cast<T>(a * b);
+      case BinaryOp::kAdd:
+        if constexpr (std::is_integral_v<T>) return wrap_add(a, b);
+        return static_cast<T>(a + b);
+      case BinaryOp::kSub:
+        if constexpr (std::is_integral_v<T>) return wrap_sub(a, b);
+        return static_cast<T>(a - b);
+      case BinaryOp::kMul:
+        if constexpr (std::is_integral_v<T>) return wrap_mul(a, b);
+        return static_cast<T>(a * b);
       case BinaryOp::kDiv:
         if constexpr (std::is_integral_v<T>) {
           if (b == 0) throw std::domain_error("integer division by zero");
-          if (b == -1) return static_cast<T>(-a);  // avoids the INT_MIN / -1 trap
+          if (b == -1) return wrap_sub<T>(T(0), a);  // avoids the INT_MIN / -1 trap
         }
         return static_cast<T>(a / b);
       case BinaryOp::kPow:
@@ -78,13 +107,26 @@ bool apply_compare(CompareOp op, T a, T b) {
   return false;
 }
 
+// Float-to-integer conversion is defined for every value (a plain cast of
+// NaN or an out-of-range value is undefined behaviour): NaN becomes 0 and
+// values beyond the type's range saturate.
+template <class D, class S>
+D convert_value(S v) {
+  if constexpr (std::is_same_v<D, bool>) {
+    return v != S(0);
+  } else if constexpr (std::is_integral_v<D> && std::is_floating_point_v<S>) {
+    if (v != v) return D(0);
+    if (v <= static_cast<S>(std::numeric_limits<D>::min())) return std::numeric_limits<D>::min();
+    if (v >= static_cast<S>(std::numeric_limits<D>::max())) return std::numeric_limits<D>::max();
+    return static_cast<D>(v);
+  } else {
+    return static_cast<D>(v);
+  }
+}
+
 template <class T>
 T from_double(double v) {
-  if constexpr (std::is_same_v<T, bool>) {
-    return v != 0.0;
-  } else {
-    return static_cast<T>(v);
-  }
+  return convert_value<T>(v);
 }
 
 }  // namespace
@@ -189,13 +231,7 @@ void copy_cast(const TensorView& a, const TensorView& out) {
     dispatch(out.dtype, [&]<class D>() {
       const S* x = typed<S>(a);
       D* y = typed<D>(out);
-      auto convert = [](S v) -> D {
-        if constexpr (std::is_same_v<D, bool>) {
-          return v != S(0);
-        } else {
-          return static_cast<D>(v);
-        }
-      };
+      auto convert = [](S v) -> D { return convert_value<D>(v); };
       if (detail::all_dense(out.shape, a, out)) {
         x += a.offset;
         y += out.offset;

@@ -18,6 +18,17 @@ constexpr std::int64_t kChunk = 1 << 16;
 template <class T>
 using Acc = std::conditional_t<std::is_floating_point_v<T>, double, std::int64_t>;
 
+// Integer sums wrap around (two's complement) rather than overflow into
+// undefined behaviour; float sums accumulate in double.
+template <class A>
+void add_to(A& sum, A v) {
+  if constexpr (std::is_integral_v<A>) {
+    sum = static_cast<A>(static_cast<std::uint64_t>(sum) + static_cast<std::uint64_t>(v));
+  } else {
+    sum += v;
+  }
+}
+
 // The running state of one reduction lane.
 template <class T>
 struct Partial {
@@ -26,7 +37,7 @@ struct Partial {
   std::int64_t index = -1;  // of `best`; -1 while empty
 
   void add(T v, std::int64_t i) {
-    sum += static_cast<Acc<T>>(v);
+    add_to(sum, static_cast<Acc<T>>(v));
     if (index < 0) {
       best = v;
       index = i;
@@ -47,7 +58,7 @@ struct Partial {
   void step(ReduceOp op, T v, std::int64_t i) {
     switch (op) {
       case ReduceOp::kSum:
-      case ReduceOp::kMean: sum += static_cast<Acc<T>>(v); break;
+      case ReduceOp::kMean: add_to(sum, static_cast<Acc<T>>(v)); break;
       case ReduceOp::kMax:
       case ReduceOp::kArgmax: keep_max(v, i); break;
       case ReduceOp::kMin: keep_min(v, i); break;
@@ -60,7 +71,7 @@ struct Partial {
     }
     switch (op) {
       case ReduceOp::kSum:
-      case ReduceOp::kMean: sum += o.sum; break;
+      case ReduceOp::kMean: add_to(sum, o.sum); break;
       case ReduceOp::kMax:
       case ReduceOp::kArgmax: keep_max(o.best, o.index); break;
       case ReduceOp::kMin: keep_min(o.best, o.index); break;
@@ -122,13 +133,16 @@ void reduce(ReduceOp op, const TensorView& a, bool all, int axis, const TensorVi
                 // deterministic) instead of one long dependency chain.
                 Acc<T> s0 = 0, s1 = 0, s2 = 0, s3 = 0;
                 for (; i + 4 <= end; i += 4) {
-                  s0 += static_cast<Acc<T>>(x[i]);
-                  s1 += static_cast<Acc<T>>(x[i + 1]);
-                  s2 += static_cast<Acc<T>>(x[i + 2]);
-                  s3 += static_cast<Acc<T>>(x[i + 3]);
+                  add_to(s0, static_cast<Acc<T>>(x[i]));
+                  add_to(s1, static_cast<Acc<T>>(x[i + 1]));
+                  add_to(s2, static_cast<Acc<T>>(x[i + 2]));
+                  add_to(s3, static_cast<Acc<T>>(x[i + 3]));
                 }
-                for (; i < end; ++i) s0 += static_cast<Acc<T>>(x[i]);
-                part[c].sum = (s0 + s1) + (s2 + s3);
+                for (; i < end; ++i) add_to(s0, static_cast<Acc<T>>(x[i]));
+                add_to(s0, s1);
+                add_to(s2, s3);
+                add_to(s0, s2);
+                part[c].sum = s0;
                 continue;
               }
               for (; i < end; ++i) part[c].step(op, x[i], i);

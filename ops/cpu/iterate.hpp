@@ -7,11 +7,32 @@
 #include <oneapi/tbb/parallel_for.h>
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 
 #include <lazydag/ops/kernels.hpp>
 
 namespace lazydag::ops::cpu::detail {
+
+/// tbb::parallel_for over [begin, end) with `grain`, calling f(lo, hi) per
+/// chunk. The caller publishes with a release store that each chunk
+/// acquires, and each chunk ends with a release increment that the caller
+/// acquires after the loop: the happens-before between the caller and the
+/// chunks is then visible to ThreadSanitizer too, which cannot see oneTBB's
+/// own (uninstrumented) spawn and join. Two atomics per chunk.
+template <class F>
+void parallel_chunks(std::int64_t begin, std::int64_t end, std::int64_t grain, F&& f) {
+  std::atomic<bool> start{false};
+  std::atomic<std::int64_t> done{0};
+  start.store(true, std::memory_order_release);
+  tbb::parallel_for(tbb::blocked_range<std::int64_t>(begin, end, grain),
+                    [&](const tbb::blocked_range<std::int64_t>& r) {
+                      (void)start.load(std::memory_order_acquire);
+                      f(r.begin(), r.end());
+                      done.fetch_add(1, std::memory_order_release);
+                    });
+  (void)done.load(std::memory_order_acquire);
+}
 
 /// Below this many elements a kernel runs on the calling thread alone.
 inline constexpr std::int64_t kParallelElements = 1 << 15;
@@ -68,8 +89,7 @@ void for_each(const Shape& shape, const std::array<Strides, N>& strides,
     return;
   }
   const std::int64_t grain = std::max<std::int64_t>(1, kParallelElements / inner);
-  tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, rows, grain),
-                    [&](const tbb::blocked_range<std::int64_t>& br) { run(br.begin(), br.end()); });
+  parallel_chunks(0, rows, grain, run);
 }
 
 /// True when every view is contiguous and has exactly `shape`.
@@ -88,8 +108,7 @@ void parallel_range(std::int64_t n, F&& f) {
     f(std::int64_t{0}, n);
     return;
   }
-  tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, n, kParallelElements),
-                    [&](const tbb::blocked_range<std::int64_t>& br) { f(br.begin(), br.end()); });
+  parallel_chunks(0, n, kParallelElements, f);
 }
 
 }  // namespace lazydag::ops::cpu::detail

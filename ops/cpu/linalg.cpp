@@ -65,10 +65,9 @@ void matmul(const TensorView& a, const TensorView& b, const TensorView& out) {
       }
       return;
     }
-    tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, batch * blocks, 1),
-                      [&](const tbb::blocked_range<std::int64_t>& r) {
-                        for (std::int64_t t = r.begin(); t < r.end(); ++t) block(t);
-                      });
+    detail::parallel_chunks(0, batch * blocks, 1, [&](std::int64_t t0, std::int64_t t1) {
+      for (std::int64_t t = t0; t < t1; ++t) block(t);
+    });
   };
   if (a.dtype == DType::kFloat32) {
     run.template operator()<float>();

@@ -151,8 +151,7 @@ void reduce(ReduceOp op, const TensorView& a, bool all, int axis, const TensorVi
           if (chunks == 1) {
             run(0, 1);
           } else {
-            tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, chunks, 1),
-                              [&](const tbb::blocked_range<std::int64_t>& r) { run(r.begin(), r.end()); });
+            detail::parallel_chunks(0, chunks, 1, run);
           }
           Partial<T> total = part[0];
           for (std::int64_t c = 1; c < chunks; ++c) total.merge(op, part[c]);
@@ -174,8 +173,7 @@ void reduce(ReduceOp op, const TensorView& a, bool all, int axis, const TensorVi
         } else {
           const std::int64_t grain =
               std::max<std::int64_t>(1, detail::kParallelElements / std::max<std::int64_t>(len, 1));
-          tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, outputs, grain),
-                            [&](const tbb::blocked_range<std::int64_t>& r) { lanes(r.begin(), r.end()); });
+          detail::parallel_chunks(0, outputs, grain, lanes);
         }
       }
     });

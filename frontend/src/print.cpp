@@ -60,16 +60,8 @@ void print_axis(std::ostream& os, const std::vector<T>& v, const Shape& shape,
 std::ostream& operator<<(std::ostream& os, const NDArray& a) {
   dispatch(a.dtype(), [&]<class T>() {
     // blocks; counted as a print (its call site is this function)
-    std::vector<T> v(static_cast<std::size_t>(a.size()));
-    if constexpr (std::is_same_v<T, bool>) {
-      auto tmp = std::make_unique<bool[]>(v.size());
-      a.read_into(tmp.get(), a.dtype(), -1, "operator<<",
-                  {engine::BlockingCall::kPrint, std::source_location::current()});
-      for (std::size_t i = 0; i < v.size(); ++i) v[i] = tmp[i];
-    } else {
-      a.read_into(v.data(), a.dtype(), -1, "operator<<",
-                  {engine::BlockingCall::kPrint, std::source_location::current()});
-    }
+    const std::vector<T> v = a.template read_all<T>(
+        "operator<<", {engine::BlockingCall::kPrint, std::source_location::current()});
     const Shape& s = a.shape();
     os << "array(";
     print_axis(os, v, s, contiguous_strides(s), 0, 0, a.size() > kThreshold, 6);

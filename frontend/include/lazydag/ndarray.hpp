@@ -85,16 +85,7 @@ class NDArray {
   template <class T>
   [[nodiscard]] std::vector<T> to_vector(
       std::source_location where = std::source_location::current()) const {
-    const engine::CallSite site{engine::BlockingCall::kToVector, where};
-    std::vector<T> v(static_cast<std::size_t>(size()));
-    if constexpr (std::is_same_v<T, bool>) {
-      auto tmp = std::make_unique<bool[]>(v.size());
-      read_into(tmp.get(), dtype_of<T>(), -1, "to_vector", site);
-      for (std::size_t i = 0; i < v.size(); ++i) v[i] = tmp[i];
-    } else {
-      read_into(v.data(), dtype_of<T>(), -1, "to_vector", site);
-    }
-    return v;
+    return read_all<T>("to_vector", {engine::BlockingCall::kToVector, where});
   }
 
   // ---- copies and devices ----
@@ -151,6 +142,19 @@ class NDArray {
   friend std::ostream& operator<<(std::ostream& os, const NDArray& a);
   void read_into(void* dst, DType expected, std::int64_t expected_size, const char* call,
                  const engine::CallSite& site) const;
+  // Blocks; every element (std::vector<bool> has no data(): read via a buffer).
+  template <class T>
+  std::vector<T> read_all(const char* call, const engine::CallSite& site) const {
+    std::vector<T> v(static_cast<std::size_t>(size()));
+    if constexpr (std::is_same_v<T, bool>) {
+      auto tmp = std::make_unique<bool[]>(v.size());
+      read_into(tmp.get(), dtype_of<T>(), -1, call, site);
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = tmp[i];
+    } else {
+      read_into(v.data(), dtype_of<T>(), -1, call, site);
+    }
+    return v;
+  }
   std::shared_ptr<const detail::ArrayState> state_;
 };
 

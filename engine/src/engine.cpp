@@ -9,6 +9,7 @@
 // the running writer and read by running readers; the DAG orders those
 // accesses and mu_'s hand-over on completion publishes them.
 #include <lazydag/engine/engine.hpp>
+#include <lazydag/engine/stream.hpp>
 #include <lazydag/engine/sync_debug.hpp>
 
 #include <oneapi/tbb/global_control.h>
@@ -22,6 +23,7 @@
 #include <cerrno>
 #include <charconv>
 #include <condition_variable>
+#include <deque>
 #include <cstdlib>
 #include <iostream>
 #include <limits>
@@ -30,9 +32,11 @@
 #include <thread>
 #include <unordered_set>
 
+#include "cuda_backend.hpp"
 #include "graph_mutex.hpp"
 #include "profiler_internal.hpp"
 #include "ready_queue.hpp"
+#include "sim_device.hpp"
 #include "small_vector.hpp"
 
 namespace lazydag::engine {
@@ -57,6 +61,8 @@ Policy parse_policy(std::string_view name) {
 std::string Device::str() const {
   switch (kind) {
     case DeviceKind::kCpu: return "cpu(" + std::to_string(id) + ")";
+    case DeviceKind::kSim: return "sim(" + std::to_string(id) + ")";
+    case DeviceKind::kGpu: return "gpu(" + std::to_string(id) + ")";
   }
   return "device(" + std::to_string(id) + ")";
 }
@@ -94,7 +100,14 @@ EngineOptions EngineOptions::from_env() {
   }
   o.max_pending = env_size("LAZYDAG_MAX_PENDING", o.max_pending,
                            std::numeric_limits<std::uint32_t>::max());
+  o.max_in_flight = env_size("LAZYDAG_MAX_IN_FLIGHT", o.max_in_flight,
+                             std::numeric_limits<std::uint32_t>::max());
+  if (o.max_in_flight == 0) throw InvalidArgument("LAZYDAG_MAX_IN_FLIGHT must be >= 1");
   return o;
+}
+
+int default_compute_streams() {
+  return static_cast<int>(std::max<std::size_t>(1, env_size("LAZYDAG_STREAMS", 2, 16)));
 }
 
 namespace detail {
@@ -120,7 +133,19 @@ struct VarState {
   ErrorPtr poison;                // see the file comment
 };
 
-enum class NodeState : std::uint8_t { kRecorded, kReady, kRunning, kDone };
+// kLaunched: a stream-device node enqueued on its stream, not yet complete.
+// kDeferred: a ready stream-device node held back by the run-ahead bound.
+enum class NodeState : std::uint8_t { kRecorded, kReady, kDeferred, kRunning, kLaunched, kDone };
+
+class EngineImpl;
+
+// The backend's view of a node launched on a stream device.
+struct NodeTask final : StreamTask {
+  EngineImpl* engine = nullptr;
+  Node* node = nullptr;
+  void run(const RunContext& ctx) noexcept override;
+  void complete(std::exception_ptr async_error) noexcept override;
+};
 
 struct Node {
   Function fn;
@@ -152,6 +177,31 @@ struct Node {
   std::uint64_t t_start = 0;
   std::uint64_t t_end = 0;
   int worker = -1;
+  // Stream devices. An edge between two stream-device nodes is satisfied when
+  // the producer is launched (the consumer's stream waits for its event);
+  // every other edge when the producer is done.
+  StreamDevice* sdev = nullptr;     // null: runs on a CPU worker
+  int stream = -1;
+  std::size_t bytes = 0;            // PushOptions::bytes
+  StreamEvent event;                // recorded after it on its stream
+  bool has_event = false;           // `event` is to be released with the node
+  bool launch_failed = false;       // launch threw: nothing was enqueued
+  SmallVector<StreamEvent, 4> waits;  // events of producers on other streams
+  NodeTask task;
+};
+
+// A launch edge: both ends run in stream order.
+inline bool launch_edge(const Node* pred, const Node* succ) {
+  return pred->sdev != nullptr && succ->sdev != nullptr;
+}
+
+// Scheduler state of one stream device (guarded by the graph mutex).
+struct DeviceSlot {
+  std::unique_ptr<StreamDevice> device;
+  std::uint32_t next_stream = 0;  // round-robin for nodes without a producer
+  std::size_t in_flight = 0;
+  std::size_t in_flight_bytes = 0;
+  std::deque<Node*> held;  // kDeferred nodes, one ref each, oldest first
 };
 
 enum class WaitMode : std::uint8_t { kNode, kAll, kThrottle };
@@ -219,6 +269,10 @@ class EngineImpl {
   void wait_all_recorded(bool watchdog);
   EngineStats stats() const;
   std::vector<PendingNode> pending_nodes() const;
+  StreamDevice& stream_device(Device d);
+  // Called by NodeTask: the node's function in stream order, and its completion.
+  void run_on_stream(Node* n, const RunContext& ctx);
+  void stream_complete(Node* n, std::exception_ptr async_error);
 
   const EngineOptions options_;
   const int num_threads_;
@@ -246,7 +300,14 @@ class EngineImpl {
   Node* pop_help(Waiter& w);
   std::uint32_t pop_batch(Node** out);
   void run_batch(Node** batch, std::uint32_t k, int worker, Lock& lk);
-  void execute(Node* n, int worker);
+  void execute(Node* n, const RunContext& ctx);
+  void run_node(Node* n, int worker);
+  void finish_node(Node* n);
+  bool claim(Node* n);
+  void launch(Node* n);
+  void mark_launched(Node* n);
+  int choose_stream(Node* n, StreamKind kind);
+  DeviceSlot& slot_of(const Device& d);
   void complete(Node* n);
   void trace(const Node* n) const;
   void free_var(VarState* s);
@@ -323,6 +384,13 @@ class EngineImpl {
   };
   std::vector<Node*> scratch_;  // traversal stack
   std::unique_ptr<tbb::task_arena> arena_;
+  // Stream devices: sim(0..7) then gpu(0..7). `devices_` is written once per
+  // slot under devices_mu_ (creation may be slow: CUDA initialisation) and
+  // read lock-free after; the slots' scheduling fields are under mu_.
+  static constexpr int kMaxStreamDevices = 8;
+  std::array<DeviceSlot, 2 * kMaxStreamDevices> slots_;
+  std::array<std::atomic<StreamDevice*>, 2 * kMaxStreamDevices> devices_{};
+  std::mutex devices_mu_;
 };
 
 namespace {
@@ -357,8 +425,189 @@ EngineImpl::~EngineImpl() {
     std::cerr << "lazydag: engine destroyed with an error no wait collected: " << e.what()
               << '\n';
   }
+  {
+    Lock lk(mu_);
+    runners_cv_.wait(lk, [&] { return active_runners_ == 0; });
+  }
+  // Joins the emulated executors (a completion may still be leaving mu_).
+  for (DeviceSlot& d : slots_) d.device.reset();
+}
+
+// ---- stream devices --------------------------------------------------------
+
+DeviceSlot& EngineImpl::slot_of(const Device& d) {
+  return slots_[static_cast<std::size_t>((d.kind == DeviceKind::kGpu ? kMaxStreamDevices : 0) + d.id)];
+}
+
+StreamDevice& EngineImpl::stream_device(Device d) {
+  if (d.kind == DeviceKind::kCpu) {
+    throw InvalidArgument("stream_device: " + d.str() + " is not a stream device");
+  }
+  if (d.id < 0 || d.id >= kMaxStreamDevices) {
+    throw InvalidArgument(d.str() + ": device ids are in [0, " + std::to_string(kMaxStreamDevices) +
+                          ")");
+  }
+  const auto i = static_cast<std::size_t>((d.kind == DeviceKind::kGpu ? kMaxStreamDevices : 0) + d.id);
+  if (StreamDevice* p = devices_[i].load(std::memory_order_acquire)) return *p;
+  std::lock_guard lk(devices_mu_);
+  if (StreamDevice* p = devices_[i].load(std::memory_order_acquire)) return *p;
+  std::unique_ptr<StreamDevice> dev;
+  if (d.kind == DeviceKind::kSim) {
+    const auto delay = static_cast<unsigned>(env_size("LAZYDAG_SIM_DELAY_US", 0, 1000000));
+    dev = std::make_unique<SimDevice>(d.id, default_compute_streams(), delay);
+  } else {
+    dev = make_cuda_device(d.id, default_compute_streams());  // throws BackendUnavailable
+  }
+  StreamDevice* p = dev.get();
+  {
+    Lock glk(mu_);
+    slots_[i].device = std::move(dev);
+  }
+  devices_[i].store(p, std::memory_order_release);
+  return *p;
+}
+
+// Compute nodes follow their latest unfinished producer on the same device
+// (its stream order then carries the dependency, with no event); nodes with
+// none are spread round-robin over the compute streams. Copies use the
+// device's copy streams, so that they overlap compute.
+int EngineImpl::choose_stream(Node* n, StreamKind kind) {
+  StreamDevice* d = n->sdev;
+  if (kind == StreamKind::kCopyIn) return d->copy_in_stream();
+  if (kind == StreamKind::kCopyOut) return d->copy_out_stream();
+  const Node* best = nullptr;
+  for (const Node* p : n->preds) {
+    if (p->sdev == d && p->stream < d->num_compute_streams() && (best == nullptr || p->seq > best->seq)) {
+      best = p;
+    }
+  }
+  if (best != nullptr) return best->stream;
+  DeviceSlot& slot = slot_of(d->device());
+  return static_cast<int>(slot.next_stream++ % static_cast<std::uint32_t>(d->num_compute_streams()));
+}
+
+// A ready node is taken to run (CPU) or to launch (stream device). A stream
+// node whose device has its run-ahead bound in flight is held instead and
+// made ready again by a completion on that device. Returns false when held.
+bool EngineImpl::claim(Node* n) {
+  if (n->sdev != nullptr) {
+    DeviceSlot& d = slot_of(n->sdev->device());
+    if (d.in_flight >= options_.max_in_flight ||
+        (d.in_flight != 0 && d.in_flight_bytes + n->bytes > options_.max_in_flight_bytes)) {
+      n->state = NodeState::kDeferred;
+      ++n->refs;
+      d.held.push_back(n);
+      ++stats_.in_flight_stalls;
+      return false;
+    }
+    ++d.in_flight;
+    d.in_flight_bytes += n->bytes;
+    n->waits.clear();
+    for (const Node* p : n->preds) {
+      // Producers on stream devices are launched (or done) by now; one on
+      // another stream is waited for on the device, never on the host.
+      if (p->sdev != nullptr && p->state == NodeState::kLaunched && p->has_event &&
+          (p->sdev != n->sdev || p->stream != n->stream)) {
+        n->waits.push_back(p->event);
+      }
+    }
+  }
+  n->state = NodeState::kRunning;
+  return true;
+}
+
+void EngineImpl::launch(Node* n) {
+  try {
+    n->sdev->launch(n->stream, std::span<const StreamEvent>(n->waits.begin(), n->waits.size()),
+                    n->task, n->event);
+    n->has_event = true;
+  } catch (...) {
+    // Nothing was enqueued: the node fails here, and finish_node completes it.
+    auto err = std::make_shared<ErrorRecord>(ErrorRecord{n->name, std::current_exception(), n->seq, false});
+    for (VarState* v : n->writes) v->poison = err;
+    const EngineImpl* outer = tls_running_engine;
+    tls_running_engine = this;
+    n->fn.reset();
+    tls_running_engine = outer;
+    n->error = std::move(err);
+    n->failed = true;
+    n->launch_failed = true;
+  }
+}
+
+void EngineImpl::run_node(Node* n, int worker) {
+  if (n->sdev == nullptr) {
+    execute(n, RunContext{n->device, nullptr, worker, -1, nullptr});
+  } else {
+    launch(n);
+  }
+}
+
+// Under mu_, after run_node: a CPU node is done; a stream node is launched
+// (unless its completion, which may come first, already said so).
+void EngineImpl::finish_node(Node* n) {
+  if (n->sdev == nullptr) {
+    complete(n);
+  } else if (n->launch_failed) {
+    if (n->state == NodeState::kRunning) mark_launched(n);
+    DeviceSlot& d = slot_of(n->sdev->device());
+    --d.in_flight;
+    d.in_flight_bytes -= n->bytes;
+    complete(n);
+  } else if (n->state == NodeState::kRunning) {
+    mark_launched(n);
+  }
+  release(n);  // the runner's ref
+}
+
+void EngineImpl::mark_launched(Node* n) {
+  n->state = NodeState::kLaunched;
+  ++stats_.nodes_launched;
+  // Launch-edge successors leave the list now: one may complete, and its
+  // node be recycled, before n completes (its stream waits for n's event,
+  // but completions are reported in any order across streams).
+  std::uint32_t kept = 0;
+  for (Node* s : n->succs) {
+    if (launch_edge(n, s)) {
+      if (--s->pending == 0 && s->requested) make_ready(s);
+    } else {
+      n->succs[kept++] = s;
+    }
+  }
+  n->succs.resize_down(kept);
+}
+
+void EngineImpl::run_on_stream(Node* n, const RunContext& ctx) { execute(n, ctx); }
+
+void EngineImpl::stream_complete(Node* n, std::exception_ptr async_error) {
   Lock lk(mu_);
-  runners_cv_.wait(lk, [&] { return active_runners_ == 0; });
+  if (async_error && !n->error) {
+    // Reported only now: consumers already launched on the device ran on
+    // what it left; the waits report this error (and a CUDA context error
+    // is sticky, failing them too).
+    auto err = std::make_shared<ErrorRecord>(ErrorRecord{n->name, async_error, n->seq, false});
+    for (VarState* v : n->writes) v->poison = err;
+    n->error = std::move(err);
+    n->failed = true;
+  }
+  if (n->state == NodeState::kRunning) mark_launched(n);
+  DeviceSlot& d = slot_of(n->sdev->device());
+  --d.in_flight;
+  d.in_flight_bytes -= n->bytes;
+  while (!d.held.empty() && d.in_flight < options_.max_in_flight &&
+         (d.in_flight == 0 || d.in_flight_bytes + d.held.front()->bytes <= options_.max_in_flight_bytes)) {
+    Node* h = d.held.front();
+    d.held.pop_front();
+    make_ready(h);
+    release(h);
+  }
+  complete(n);
+  flush_spawns(lk);
+}
+
+void NodeTask::run(const RunContext& ctx) noexcept { engine->run_on_stream(node, ctx); }
+void NodeTask::complete(std::exception_ptr async_error) noexcept {
+  engine->stream_complete(node, std::move(async_error));
 }
 
 // ---- vars ----------------------------------------------------------------
@@ -457,15 +706,25 @@ void EngineImpl::release(Node* n) {
   n->failed = false;
   n->device = Device{};
   n->priority = 0;
+  if (n->has_event) n->sdev->release_event(n->event);
+  n->has_event = false;
+  n->launch_failed = false;
+  n->sdev = nullptr;
+  n->stream = -1;
+  n->bytes = 0;
+  n->waits.clear();
   n->free_next = node_free_;
   node_free_ = n;
 }
 
 void EngineImpl::add_edge(Node* pred, Node* n) {
   if (pred->state == NodeState::kDone || n->preds.contains(pred)) return;
-  pred->succs.push_back(n);
   n->preds.push_back(pred);
   ++pred->refs;
+  // A launched producer satisfies a launch edge already: n's stream waits
+  // for its event (kept alive by the ref above).
+  if (launch_edge(pred, n) && pred->state == NodeState::kLaunched) return;
+  pred->succs.push_back(n);
   ++n->pending;
 }
 
@@ -615,11 +874,10 @@ void EngineImpl::spawn_if_needed() {
 
 Node* EngineImpl::pop_ready() {
   while (Node* n = ready_.pop()) {
-    if (n->state == NodeState::kReady) {
-      n->state = NodeState::kRunning;
+    if (n->state == NodeState::kReady && claim(n)) {
       return n;  // the queue entry's ref passes to the caller
     }
-    release(n);  // claimed by a waiter already
+    release(n);  // claimed by a waiter already, or held by its device
   }
   return nullptr;
 }
@@ -628,16 +886,13 @@ Node* EngineImpl::pop_help(Waiter& w) {
   while (!w.help.empty()) {
     Node* n = w.help.back();
     w.help.pop_back();
-    if (n->state == NodeState::kReady) {
-      n->state = NodeState::kRunning;
-      return n;
-    }
+    if (n->state == NodeState::kReady && claim(n)) return n;
     release(n);
   }
   return nullptr;
 }
 
-void EngineImpl::execute(Node* n, int worker) {
+void EngineImpl::execute(Node* n, const RunContext& ctx) {
   ErrorPtr err;
   for (VarState* v : n->reads) {
     if (v->poison) {
@@ -653,11 +908,11 @@ void EngineImpl::execute(Node* n, int worker) {
   const bool profiling = profiler::detail::on();
   if (profiling) {
     n->t_start = profiler::detail::now_ns();
-    n->worker = worker;
+    n->worker = ctx.worker_index;
   }
   if (!err) {
     try {
-      n->fn(RunContext{n->device, nullptr, worker});
+      n->fn(ctx);
     } catch (...) {
       err = std::make_shared<ErrorRecord>(
           ErrorRecord{n->name, std::current_exception(), n->seq, false});
@@ -714,7 +969,8 @@ void EngineImpl::complete(Node* n) {
   (n->live_next != nullptr ? n->live_next->live_prev : live_tail_) = n->live_prev;
   --live_count_;
   for (Node* s : n->succs) {
-    if (--s->pending == 0 && s->requested) make_ready(s);
+    // Launch edges were satisfied when n was launched.
+    if (!launch_edge(n, s) && --s->pending == 0 && s->requested) make_ready(s);
   }
   n->succs.clear();
   for (Node* p : n->preds) release(p);
@@ -744,8 +1000,7 @@ void EngineImpl::complete(Node* n) {
       if (wp->in_use && wp->mode == WaitMode::kThrottle) wp->cv.notify_one();
     }
   }
-  release(n);  // the executor's ref
-  release(n);  // the unfinished ref
+  release(n);  // the unfinished ref (the runner's is dropped by finish_node)
 }
 
 // ---- scheduling ----------------------------------------------------------
@@ -779,10 +1034,10 @@ std::uint32_t EngineImpl::pop_batch(Node** out) {
 
 void EngineImpl::run_batch(Node** batch, std::uint32_t k, int worker, Lock& lk) {
   lk.unlock();
-  for (std::uint32_t i = 0; i < k; ++i) execute(batch[i], worker);
+  for (std::uint32_t i = 0; i < k; ++i) run_node(batch[i], worker);
   lk.lock();
   continuing_ = 1;  // this thread pops again right after: no worker for one node
-  for (std::uint32_t i = 0; i < k; ++i) complete(batch[i]);
+  for (std::uint32_t i = 0; i < k; ++i) finish_node(batch[i]);
   continuing_ = 0;
   flush_spawns(lk);
 }
@@ -852,12 +1107,12 @@ bool EngineImpl::help_until(Waiter& w, Lock& lk, Done done, bool watchdog) {
       if (Node* n = pop_help(w); n != nullptr) {
         flush_spawns(lk);
         lk.unlock();
-        execute(n, -1);
+        run_node(n, -1);
         lk.lock();
         // This thread looks at its help list right after: the first node
         // of its subgraph made ready here is not given to a worker.
         w.available = true;
-        complete(n);
+        finish_node(n);
         w.available = false;
         continue;
       }
@@ -924,7 +1179,9 @@ std::string_view state_name(const Node* n) {
   switch (n->state) {
     case NodeState::kRecorded: return n->requested ? "waiting for inputs" : "recorded (lazy)";
     case NodeState::kReady: return "ready";
-    case NodeState::kRunning: return "running";
+    case NodeState::kDeferred: return "ready, held by its device's run-ahead bound";
+    case NodeState::kRunning: return n->sdev != nullptr ? "launching" : "running";
+    case NodeState::kLaunched: return "launched on its stream, not complete";
     case NodeState::kDone: return "done";
   }
   return "?";
@@ -960,7 +1217,9 @@ std::string EngineImpl::describe_pending(Node* target) const {
       os << "  ... and " << nodes.size() - 20 << " more\n";
       break;
     }
-    os << "  #" << n->seq << " '" << n->name << "' on " << n->device.str() << ": " << state_name(n);
+    os << "  #" << n->seq << " '" << n->name << "' on " << n->device.str();
+    if (n->stream >= 0) os << " stream " << n->stream;
+    os << ": " << state_name(n);
     if (n->pending != 0) os << ", " << n->pending << " input(s) pending";
     os << "; reads";
     for (const VarState* v : n->reads) os << " v" << v->handle.index;
@@ -1005,13 +1264,21 @@ void EngineImpl::push(Function fn, std::span<const Var> reads, std::span<const V
                       const PushOptions& options) {
   std::string_view name = options.name.empty() ? std::string_view("op") : options.name;
   if (!fn) throw InvalidArgument("push '" + std::string(name) + "': empty function");
-  if (options.device.kind != DeviceKind::kCpu) {
-    throw BackendUnavailable("push '" + std::string(name) + "': device " +
-                             options.device.str() + " has no backend in this engine");
-  }
   if (options.device.id < 0) {
     throw InvalidArgument("push '" + std::string(name) + "': device ids are >= 0, got " +
                           options.device.str());
+  }
+  StreamDevice* sdev = nullptr;
+  if (options.device.kind != DeviceKind::kCpu) {
+    try {
+      sdev = &stream_device(options.device);
+    } catch (const BackendUnavailable& e) {
+      throw BackendUnavailable("push '" + std::string(name) + "': " + e.what());
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument("push '" + std::string(name) + "': " + e.what());
+    }
+  } else if (options.stream != StreamKind::kCompute) {
+    throw InvalidArgument("push '" + std::string(name) + "': copy streams exist only on stream devices");
   }
   Lock lk(mu_);
   // Validate everything before touching the graph: bad input records nothing.
@@ -1037,10 +1304,15 @@ void EngineImpl::push(Function fn, std::span<const Var> reads, std::span<const V
   n->device = options.device;
   n->priority = options.priority;
   n->pending = 0;
+  n->sdev = sdev;
+  n->bytes = options.bytes;
+  n->task.engine = this;
+  n->task.node = n;
   for (VarState* s : rs) n->reads.push_back(s);
   for (VarState* s : ws) n->writes.push_back(s);
   link(n, std::span<VarState* const>(pure_reads.begin(), pure_reads.size()),
        std::span<VarState* const>(ws.begin(), ws.size()));
+  if (sdev != nullptr) n->stream = choose_stream(n, options.stream);
   record(n);
   if (profiling) {
     profiler::detail::record(
@@ -1225,5 +1497,6 @@ int Engine::num_threads() const noexcept { return impl_->num_threads_; }
 std::size_t Engine::max_pending() const noexcept { return impl_->options_.max_pending; }
 EngineStats Engine::stats() const { return impl_->stats(); }
 std::vector<PendingNode> Engine::pending_nodes() const { return impl_->pending_nodes(); }
+StreamDevice& Engine::stream_device(Device d) { return impl_->stream_device(d); }
 
 }  // namespace lazydag::engine

@@ -30,18 +30,31 @@ enum class Policy : std::uint8_t {
 /// Parses a policy name; throws InvalidArgument on anything else.
 [[nodiscard]] Policy parse_policy(std::string_view name);
 
-/// Kinds of device a node can run on. Only the CPU exists in the engine core;
-/// stream devices extend this enum.
-enum class DeviceKind : std::uint8_t { kCpu };
+/// Kinds of device a node can run on. The CPU runs nodes on the engine's
+/// workers; the others are stream devices (see stream.hpp): `kSim` emulates
+/// a GPU on the host (a FIFO executor per stream, memory of its own), `kGpu`
+/// is a CUDA device.
+enum class DeviceKind : std::uint8_t { kCpu, kSim, kGpu };
+
+/// Kinds of stream a node on a stream device asks for.
+enum class StreamKind : std::uint8_t {
+  kCompute,  ///< chosen by the scheduler among the compute streams
+  kCopyIn,   ///< the device's host->device (and peer-in) copy stream
+  kCopyOut,  ///< the device's device->host copy stream
+};
 
 /// A device: a kind and an ordinal.
 struct Device {
   DeviceKind kind = DeviceKind::kCpu;
   int id = 0;
   friend bool operator==(const Device&, const Device&) = default;
-  /// "cpu(0)" and the like.
+  /// "cpu(0)", "sim(1)", "gpu(0)".
   [[nodiscard]] std::string str() const;
+  /// True for the devices whose nodes run in stream order (sim, gpu).
+  [[nodiscard]] bool is_stream_device() const noexcept { return kind != DeviceKind::kCpu; }
 };
+
+class StreamDevice;
 
 /// A handle to an engine variable. Plain value; the engine checks it on
 /// every use (a stale or foreign handle is an InvalidArgument, never UB).
@@ -56,7 +69,9 @@ struct Var {
 struct RunContext {
   Device device;
   void* stream = nullptr;  ///< the stream handle on stream devices; null on the CPU
-  int worker_index = -1;   ///< engine worker running the node; -1 for a frontend thread
+  int worker_index = -1;   ///< CPU engine worker running the node; -1 elsewhere
+  int stream_index = -1;   ///< the node's stream on a stream device; -1 on the CPU
+  StreamDevice* stream_device = nullptr;  ///< the node's stream device; null on the CPU
 };
 
 /// Per-node options for push().
@@ -64,6 +79,13 @@ struct PushOptions {
   Device device{};
   int priority = 0;       ///< among ready nodes, higher starts first
   std::string_view name;  ///< shown in errors, graphs and traces ("op" if empty)
+  /// Stream devices only: which stream. Compute nodes reuse the stream of
+  /// their latest unfinished producer on the same device, others are spread
+  /// round-robin over the compute streams.
+  StreamKind stream = StreamKind::kCompute;
+  /// Stream devices only: device memory the node brings into flight (counted
+  /// against EngineOptions::max_in_flight_bytes).
+  std::size_t bytes = 0;
 };
 
 /// Engine construction options. from_env() reads LAZYDAG_ENGINE
@@ -80,6 +102,12 @@ struct EngineOptions {
   /// with WatchdogTimeout listing the pending nodes it waits for, instead of
   /// hanging. 0 = off. From LAZYDAG_WATCHDOG.
   double watchdog_seconds = 0;
+  /// Run-ahead bound per stream device: nodes launched and not yet complete
+  /// (LAZYDAG_MAX_IN_FLIGHT). A ready node waits while its device is full.
+  std::size_t max_in_flight = 1024;
+  /// ... and the PushOptions::bytes of those nodes (one node is always let
+  /// through, however large).
+  std::size_t max_in_flight_bytes = std::size_t{4} << 30;
 
   /// Defaults overridden by the environment; throws InvalidArgument on a
   /// malformed value.
@@ -105,6 +133,8 @@ struct EngineStats {
   std::uint64_t nodes_run = 0;      ///< functions that ran (and returned or threw)
   std::uint64_t nodes_failed = 0;   ///< functions that threw
   std::uint64_t nodes_skipped = 0;  ///< not run because an input was poisoned
+  std::uint64_t nodes_launched = 0;  ///< nodes enqueued on a stream device
+  std::uint64_t in_flight_stalls = 0;  ///< ready stream nodes held back by the run-ahead bound
   std::size_t unfinished = 0;       ///< recorded and not yet done
   std::size_t peak_unfinished = 0;
   std::uint64_t blocking_waits = 0;  ///< blocking calls of every kind
@@ -194,6 +224,12 @@ class Engine {
   [[nodiscard]] int num_threads() const noexcept;
   [[nodiscard]] std::size_t max_pending() const noexcept;
   [[nodiscard]] EngineStats stats() const;
+
+  /// The stream device `d`, created on first use (its streams and executors).
+  /// Thread-safe. Throws InvalidArgument for the CPU or a bad id, and
+  /// BackendUnavailable when the device cannot be used here (no CUDA build,
+  /// no driver, no such GPU), saying why.
+  [[nodiscard]] StreamDevice& stream_device(Device d);
 
   /// The unfinished nodes and their dependency edges, in record order.
   [[nodiscard]] std::vector<PendingNode> pending_nodes() const;

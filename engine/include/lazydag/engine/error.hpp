@@ -32,6 +32,18 @@ class BackendUnavailable : public Error {
   using Error::Error;
 };
 
+/// A failed CUDA runtime or library call: the call, the error's name and
+/// the op it served. Thrown through LAZYDAG_CUDA_CHECK.
+class CudaError : public Error {
+ public:
+  CudaError(int code, const std::string& message) : Error(message), code_(code) {}
+  /// The cudaError_t (or cublasStatus_t) value.
+  [[nodiscard]] int code() const noexcept { return code_; }
+
+ private:
+  int code_;
+};
+
 /// A blocking call made while sync debugging is in `error` mode.
 class BlockingCallError : public Error {
  public:

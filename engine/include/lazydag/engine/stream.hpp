@@ -1,0 +1,88 @@
+// Stream devices: the interface between the scheduler and a device that runs
+// work in stream order (the emulated `sim` device, CUDA GPUs). No CUDA header
+// is included here.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <span>
+
+#include <lazydag/engine/engine.hpp>
+
+namespace lazydag::engine {
+
+/// A point in one stream's order: complete once everything enqueued on that
+/// stream before it has finished. `handle` is the backend's (a cudaEvent_t,
+/// or the emulated stream); `value` its watermark where it has one.
+struct StreamEvent {
+  void* handle = nullptr;
+  std::uint64_t value = 0;
+};
+
+/// A launched node as the backend sees it. The engine owns it until
+/// complete() has been called.
+class StreamTask {
+ public:
+  /// Runs the node's function in stream order: on the emulated device on the
+  /// stream's executor, after the waits; on CUDA on the launching host
+  /// thread, where the function enqueues its kernels on ctx.stream.
+  /// Never throws (a failure is recorded as the node's error).
+  virtual void run(const RunContext& ctx) noexcept = 0;
+  /// Called once, from a backend thread, when everything run() enqueued has
+  /// finished on the device; `async_error` is a failure the device reported
+  /// only then (null when none). Must not call back into the backend.
+  virtual void complete(std::exception_ptr async_error) noexcept = 0;
+
+ protected:
+  ~StreamTask() = default;
+};
+
+/// One device with a few compute streams and two copy streams. Streams are
+/// numbered [0, num_compute_streams()) for compute, then copy-in
+/// (host->device) and copy-out (device->host). Implementations are
+/// thread-safe.
+class StreamDevice {
+ public:
+  virtual ~StreamDevice() = default;
+  [[nodiscard]] virtual Device device() const noexcept = 0;
+  [[nodiscard]] virtual int num_compute_streams() const noexcept = 0;
+  [[nodiscard]] int num_streams() const noexcept { return num_compute_streams() + 2; }
+  [[nodiscard]] int copy_in_stream() const noexcept { return num_compute_streams(); }
+  [[nodiscard]] int copy_out_stream() const noexcept { return num_compute_streams() + 1; }
+  /// The handle a node running on `stream` is given in RunContext::stream.
+  [[nodiscard]] virtual void* stream_handle(int stream) const noexcept = 0;
+
+  /// Non-blocking. Enqueues on `stream`: a device-side wait for each of
+  /// `waits` (events of other streams, of this or another device), then
+  /// task.run(), then an event, written to `done` before this returns, that
+  /// later launches may wait for; task.complete() follows on a backend
+  /// thread. Throws (CudaError) only when nothing was enqueued.
+  virtual void launch(int stream, std::span<const StreamEvent> waits, StreamTask& task,
+                      StreamEvent& done) = 0;
+  /// The event of a launch that nothing will wait for any more (pooled
+  /// events go back to the pool). Non-blocking, noexcept.
+  virtual void release_event(const StreamEvent& e) noexcept = 0;
+
+  /// Device memory, ordered on `stream` (a handle from stream_handle):
+  /// usable by work enqueued on it after this call, and by other streams
+  /// after an event of it. Throws Error when out of memory.
+  [[nodiscard]] virtual void* allocate(std::size_t bytes, void* stream) = 0;
+  /// Frees in stream order: the memory is reused only after the work
+  /// enqueued on `stream` before this call. Non-blocking.
+  virtual void deallocate(void* p, std::size_t bytes, void* stream) noexcept = 0;
+  /// Bytes allocated and not yet freed.
+  [[nodiscard]] virtual std::size_t bytes_in_use() const noexcept = 0;
+
+  /// Page-locked host memory for staging copies (pooled): copies between
+  /// the host and the device never touch pageable memory on the async path.
+  [[nodiscard]] virtual void* allocate_host(std::size_t bytes) = 0;
+  /// Returns staging memory; it is reused only after the work enqueued on
+  /// `stream` so far has finished. Non-blocking.
+  virtual void release_host(void* p, std::size_t bytes, void* stream) noexcept = 0;
+};
+
+/// Number of compute streams per stream device, from LAZYDAG_STREAMS (default 2).
+[[nodiscard]] int default_compute_streams();
+
+}  // namespace lazydag::engine

@@ -1,0 +1,16 @@
+// The CUDA stream device's factory: engine/cuda/device.cu in a CUDA build,
+// engine/cuda/stub.cpp (which fails loudly) otherwise.
+#pragma once
+
+#include <lazydag/engine/stream.hpp>
+
+#include <memory>
+
+namespace lazydag::engine::detail {
+
+/// gpu(id) with `compute_streams` non-blocking compute streams and two copy
+/// streams. Throws BackendUnavailable saying why when it cannot be used
+/// (a build without CUDA, no driver, no such device).
+std::unique_ptr<StreamDevice> make_cuda_device(int id, int compute_streams);
+
+}  // namespace lazydag::engine::detail

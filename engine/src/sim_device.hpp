@@ -1,0 +1,71 @@
+// The emulated stream device `sim(n)`: one FIFO executor thread per stream,
+// events as per-stream watermarks, memory of its own. It runs the stream and
+// event logic of the scheduler on machines without a GPU.
+#pragma once
+
+#include <lazydag/engine/stream.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace lazydag::engine::detail {
+
+class SimDevice final : public StreamDevice {
+ public:
+  /// Starts num_compute_streams + 2 executor threads. `max_delay_us` > 0
+  /// makes each op start after a random delay in [0, max_delay_us] µs, to
+  /// shake out missing waits (LAZYDAG_SIM_DELAY_US).
+  SimDevice(int id, int num_compute_streams, unsigned max_delay_us);
+  /// Runs what was enqueued, then joins the executors.
+  ~SimDevice() override;
+  SimDevice(const SimDevice&) = delete;
+  SimDevice& operator=(const SimDevice&) = delete;
+
+  [[nodiscard]] Device device() const noexcept override { return {DeviceKind::kSim, id_}; }
+  [[nodiscard]] int num_compute_streams() const noexcept override { return compute_; }
+  [[nodiscard]] void* stream_handle(int stream) const noexcept override;
+  void launch(int stream, std::span<const StreamEvent> waits, StreamTask& task,
+              StreamEvent& done) override;
+  void release_event(const StreamEvent&) noexcept override {}
+  [[nodiscard]] void* allocate(std::size_t bytes, void* stream) override;
+  void deallocate(void* p, std::size_t bytes, void* stream) noexcept override;
+  [[nodiscard]] std::size_t bytes_in_use() const noexcept override {
+    return in_use_.load(std::memory_order_relaxed);
+  }
+  // The executor runs a copy to completion before it returns, so staging
+  // memory is free for reuse as soon as it is released.
+  [[nodiscard]] void* allocate_host(std::size_t bytes) override;
+  void release_host(void* p, std::size_t bytes, void* stream) noexcept override;
+
+ private:
+  struct Item {
+    std::vector<StreamEvent> waits;
+    StreamTask* task = nullptr;
+    std::uint64_t ticket = 0;
+  };
+  struct Stream {
+    int index = 0;
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<Item> queue;
+    bool stop = false;
+    std::uint64_t enqueued = 0;           // tickets handed out (under mu)
+    std::atomic<std::uint64_t> completed{0};  // the watermark events compare with
+    std::thread thread;
+  };
+  void executor(Stream& s);
+
+  const int id_;
+  const int compute_;
+  const unsigned max_delay_us_;
+  std::vector<std::unique_ptr<Stream>> streams_;
+  std::atomic<std::size_t> in_use_{0};
+};
+
+}  // namespace lazydag::engine::detail

@@ -1,0 +1,276 @@
+// Stream devices on the emulated `sim` device: stream choice, launch edges
+// and event waits, completion reported to CPU consumers, overlap across
+// devices, the run-ahead bound, errors, device memory, and gpu(n) where no
+// CUDA device can be used.
+#include <doctest/doctest.h>
+
+#include <lazydag/engine/engine.hpp>
+#include <lazydag/engine/stream.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <stdexcept>
+#include <vector>
+
+#include "support.hpp"
+
+using namespace lazydag;
+using namespace lazydag::engine;
+
+namespace {
+
+constexpr Device kSim0{DeviceKind::kSim, 0};
+constexpr Device kSim1{DeviceKind::kSim, 1};
+
+EngineOptions threaded(Policy p = Policy::kEager, int threads = 2) {
+  return test::Config{p, threads}.options();
+}
+
+PushOptions on(Device d, StreamKind k = StreamKind::kCompute, std::size_t bytes = 0,
+               std::string_view name = {}) {
+  PushOptions o;
+  o.device = d;
+  o.stream = k;
+  o.bytes = bytes;
+  o.name = name;
+  return o;
+}
+
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+TEST_SUITE("engine") {
+  TEST_CASE("Streams.DependentNodesShareAStreamIndependentOnesSpread" * doctest::timeout(60)) {
+    Engine eng(threaded(Policy::kLazy));
+    Var a = eng.new_var();
+    Var b = eng.new_var();
+    std::vector<int> stream_of(4, -1);
+    auto note = [&](int i) {
+      return [&stream_of, i](const RunContext& ctx) {
+        CHECK(ctx.device == kSim0);
+        CHECK(ctx.stream != nullptr);
+        CHECK(ctx.stream_device != nullptr);
+        stream_of[static_cast<std::size_t>(i)] = ctx.stream_index;
+      };
+    };
+    eng.push(note(0), {}, {a}, on(kSim0));
+    eng.push(note(1), {}, {b}, on(kSim0));
+    eng.push(note(2), {a}, {a}, on(kSim0));  // follows its producer
+    eng.push(note(3), {}, {b}, on(kSim0, StreamKind::kCopyIn));
+    eng.waitall();
+    StreamDevice& dev = eng.stream_device(kSim0);
+    CHECK(dev.num_compute_streams() >= 2);
+    CHECK(stream_of[0] != stream_of[1]);
+    CHECK(stream_of[2] == stream_of[0]);
+    CHECK(stream_of[3] == dev.copy_in_stream());
+  }
+
+  TEST_CASE("Streams.ConsumerIsLaunchedBeforeItsProducerCompletes" * doctest::timeout(60)) {
+    // The producer parks on sim(0); its consumers on sim(0) and sim(1) are
+    // launched (enqueued behind an event wait) without waiting on the host,
+    // and still see the producer's value when they run. A CPU consumer is
+    // not started until the producer completes.
+    Engine eng(threaded());
+    test::Gate gate;
+    Var x = eng.new_var();
+    Var y = eng.new_var();
+    Var z = eng.new_var();
+    Var c = eng.new_var();
+    std::atomic<int> value{0};
+    int seen_y = -1;
+    int seen_z = -1;
+    int seen_c = -1;
+    eng.push([&](const RunContext&) {
+      CHECK(gate.wait());
+      value.store(42, std::memory_order_relaxed);
+    }, {}, {x}, on(kSim0));
+    eng.push([&](const RunContext&) { seen_y = value.load(std::memory_order_relaxed); }, {x}, {y},
+             on(kSim0));
+    eng.push([&](const RunContext&) { seen_z = value.load(std::memory_order_relaxed); }, {x}, {z},
+             on(kSim1));
+    eng.push([&](const RunContext&) { seen_c = value.load(std::memory_order_relaxed); }, {x}, {c});
+    CHECK(test::spin_until([&] { return eng.stats().nodes_launched >= 3; }));
+    CHECK(eng.stats().nodes_run == 0);  // nothing has run: the host did not wait
+    gate.open();
+    eng.waitall();
+    CHECK(seen_y == 42);
+    CHECK(seen_z == 42);
+    CHECK(seen_c == 42);
+    CHECK(eng.stats().nodes_launched == 3);
+  }
+
+  TEST_CASE("Streams.OpsOnTwoDevicesOverlapAndABarrierSerialisesThem" * doctest::timeout(60)) {
+    for (Policy p : {Policy::kLazy, Policy::kEager}) {
+      CAPTURE(to_string(p));
+      Engine eng(threaded(p));
+      struct Interval {
+        std::atomic<std::int64_t> begin{0};
+        std::atomic<std::int64_t> end{0};
+      };
+      Interval i0;
+      Interval i1;
+      // Each op runs until the other has started (bounded): overlap is then
+      // the only way both finish early; serialised, each gives up.
+      auto op = [&](Interval& self, Interval& other) {
+        return [&self, &other](const RunContext&) {
+          self.begin.store(now_ns());
+          (void)test::spin_until([&] { return other.begin.load() != 0; }, 2.0);
+          self.end.store(now_ns());
+        };
+      };
+      Var a = eng.new_var();
+      Var b = eng.new_var();
+      eng.push(op(i0, i1), {}, {a}, on(kSim0, StreamKind::kCompute, 0, "long0"));
+      eng.push(op(i1, i0), {}, {b}, on(kSim1, StreamKind::kCompute, 0, "long1"));
+      eng.waitall();
+      CHECK(i0.begin.load() < i1.end.load());
+      CHECK(i1.begin.load() < i0.end.load());
+
+      Interval j0;
+      Interval j1;
+      auto timed = [](Interval& self) {
+        return [&self](const RunContext&) {
+          self.begin.store(now_ns());
+          self.end.store(now_ns());
+        };
+      };
+      eng.push(timed(j0), {}, {a}, on(kSim0));
+      eng.waitall();  // the barrier
+      eng.push(timed(j1), {}, {b}, on(kSim1));
+      eng.waitall();
+      CHECK(j0.end.load() <= j1.begin.load());
+    }
+  }
+
+  TEST_CASE("Streams.RunAheadIsBoundedPerDevice" * doctest::timeout(60)) {
+    EngineOptions o = threaded();
+    o.max_in_flight = 2;
+    Engine eng(o);
+    test::Gate gate;
+    std::atomic<int> done{0};
+    std::atomic<int> max_in_flight{0};
+    constexpr int kOps = 12;
+    std::vector<Var> vars;
+    for (int i = 0; i < kOps; ++i) vars.push_back(eng.new_var());
+    for (int i = 0; i < kOps; ++i) {
+      eng.push([&](const RunContext&) {
+        CHECK(gate.wait());
+        const int in_flight =
+            static_cast<int>(eng.stats().nodes_launched) - done.load(std::memory_order_acquire);
+        int m = max_in_flight.load();
+        while (in_flight > m && !max_in_flight.compare_exchange_weak(m, in_flight)) {
+        }
+        done.fetch_add(1, std::memory_order_release);
+      }, {}, {vars[static_cast<std::size_t>(i)]}, on(kSim0, StreamKind::kCompute, 1000));
+    }
+    CHECK(test::spin_until([&] { return eng.stats().nodes_launched == 2; }));
+    CHECK(test::spin_until([&] { return eng.stats().in_flight_stalls >= 1; }));
+    CHECK(eng.stats().nodes_launched == 2);
+    gate.open();
+    eng.waitall();
+    CHECK(done.load() == kOps);
+    CHECK(max_in_flight.load() <= 2);
+    CHECK(eng.stats().nodes_launched == kOps);
+
+    // A byte bound: one node at a time, however many are ready.
+    EngineOptions ob = threaded();
+    ob.max_in_flight_bytes = 1500;
+    Engine eb(ob);
+    test::Gate gate2;
+    std::atomic<int> running{0};
+    std::atomic<int> overlap{0};
+    for (int i = 0; i < 6; ++i) {
+      Var v = eb.new_var();
+      eb.push([&](const RunContext&) {
+        if (running.fetch_add(1) != 0) overlap.fetch_add(1);
+        CHECK(gate2.wait());
+        running.fetch_sub(1);
+      }, {}, {v}, on(kSim0, StreamKind::kCompute, 1000));
+    }
+    CHECK(test::spin_until([&] { return eb.stats().in_flight_stalls >= 1; }));
+    CHECK(eb.stats().nodes_launched == 1);
+    gate2.open();
+    eb.waitall();
+    CHECK(overlap.load() == 0);
+    CHECK(eb.stats().nodes_launched == 6);
+  }
+
+  TEST_CASE("Streams.ErrorsPoisonAcrossStreamsAndDevices" * doctest::timeout(60)) {
+    for (const auto& cfg : test::all_configs()) {
+      CAPTURE(cfg.str());
+      Engine eng(cfg.options());
+      Var a = eng.new_var();
+      Var b = eng.new_var();
+      Var c = eng.new_var();
+      bool ran_b = false;
+      bool ran_c = false;
+      eng.push([](const RunContext&) { throw std::runtime_error("device fault"); }, {}, {a},
+               on(kSim0, StreamKind::kCompute, 0, "bad"));
+      eng.push([&](const RunContext&) { ran_b = true; }, {a}, {b}, on(kSim1));
+      eng.push([&](const RunContext&) { ran_c = true; }, {b}, {c});
+      try {
+        eng.wait_to_read(c);
+        FAIL("no error");
+      } catch (const OpError& e) {
+        CHECK(e.op_name() == "bad");
+      }
+      CHECK_FALSE(ran_b);
+      CHECK_FALSE(ran_c);
+      try {
+        eng.waitall();
+      } catch (const OpError&) {
+      }
+      // the device is usable afterwards
+      int v = 0;
+      eng.push([&](const RunContext&) { v = 7; }, {}, {a}, on(kSim0));
+      eng.wait_to_read(a);
+      CHECK(v == 7);
+    }
+  }
+
+  TEST_CASE("Streams.DeviceMemoryIsCountedAndFreedInStreamOrder" * doctest::timeout(60)) {
+    Engine eng(threaded());
+    StreamDevice& dev = eng.stream_device(kSim1);
+    const std::size_t before = dev.bytes_in_use();
+    Var v = eng.new_var();
+    void* p = nullptr;
+    eng.push([&](const RunContext& ctx) {
+      p = ctx.stream_device->allocate(4096, ctx.stream);
+      static_cast<unsigned char*>(p)[4095] = 1;
+    }, {}, {v}, on(kSim1));
+    eng.wait_to_read(v);
+    CHECK(dev.bytes_in_use() == before + 4096);
+    eng.push([&](const RunContext& ctx) { ctx.stream_device->deallocate(p, 4096, ctx.stream); }, {},
+             {v}, on(kSim1, StreamKind::kCompute, 0, "free"));
+    eng.waitall();
+    CHECK(dev.bytes_in_use() == before);
+  }
+
+  TEST_CASE("Streams.BadDevicesAreRefusedAndRecordNothing" * doctest::timeout(60)) {
+    Engine eng(threaded());
+    Var v = eng.new_var();
+    const auto recorded = eng.stats().nodes_recorded;
+    CHECK_THROWS_AS(eng.push([](const RunContext&) {}, {}, {v}, on(Device{DeviceKind::kSim, 99})),
+                    InvalidArgument);
+    CHECK_THROWS_AS(eng.push([](const RunContext&) {}, {}, {v}, on(Device{}, StreamKind::kCopyIn)),
+                    InvalidArgument);
+    CHECK_THROWS_AS((void)eng.stream_device(Device{DeviceKind::kCpu, 0}), InvalidArgument);
+    bool gpu_usable = true;
+    try {
+      (void)eng.stream_device(Device{DeviceKind::kGpu, 0});
+    } catch (const BackendUnavailable& e) {
+      gpu_usable = false;
+      CHECK(std::string(e.what()).find("gpu(0)") != std::string::npos);
+      CHECK_THROWS_AS(eng.push([](const RunContext&) {}, {}, {v}, on(Device{DeviceKind::kGpu, 0})),
+                      BackendUnavailable);
+    }
+    CHECK(eng.stats().nodes_recorded == recorded);
+    MESSAGE("gpu(0) usable here: " << gpu_usable);
+  }
+}

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <span>
 
+#include <lazydag/engine/engine.hpp>
 #include <lazydag/ops/dtype.hpp>
 #include <lazydag/ops/shape.hpp>
 
@@ -61,4 +62,71 @@ void random_uniform(const TensorView& out, std::uint64_t seed, double low, doubl
 void random_normal(const TensorView& out, std::uint64_t seed, double mean, double stddev);
 
 }  // namespace cpu
+
+// Device-generic entry points, called from inside a recorded node with its
+// RunContext: the CPU kernels run on the CPU and on the emulated `sim`
+// device (in stream order on its executor); on a gpu the CUDA kernels are
+// enqueued on ctx.stream. Same semantics everywhere, except where the CUDA
+// kernels say otherwise (integer division by zero cannot throw on a GPU).
+void unary(const engine::RunContext& ctx, UnaryOp op, const TensorView& a, const TensorView& out);
+void binary(const engine::RunContext& ctx, BinaryOp op, const TensorView& a, const TensorView& b,
+            const TensorView& out);
+void binary_scalar(const engine::RunContext& ctx, BinaryOp op, const TensorView& a, double scalar,
+                   bool scalar_first, const TensorView& out);
+void compare(const engine::RunContext& ctx, CompareOp op, const TensorView& a, const TensorView& b,
+             const TensorView& out);
+void compare_scalar(const engine::RunContext& ctx, CompareOp op, const TensorView& a, double scalar,
+                    const TensorView& out);
+void where(const engine::RunContext& ctx, const TensorView& cond, const TensorView& a,
+           const TensorView& b, const TensorView& out);
+void copy_cast(const engine::RunContext& ctx, const TensorView& a, const TensorView& out);
+void reduce(const engine::RunContext& ctx, ReduceOp op, const TensorView& a, bool all, int axis,
+            const TensorView& out);
+void matmul(const engine::RunContext& ctx, const TensorView& a, const TensorView& b,
+            const TensorView& out);
+void fill(const engine::RunContext& ctx, const TensorView& out, double value);
+void arange(const engine::RunContext& ctx, const TensorView& out, double start, double step);
+void random_uniform(const engine::RunContext& ctx, const TensorView& out, std::uint64_t seed,
+                    double low, double high);
+void random_normal(const engine::RunContext& ctx, const TensorView& out, std::uint64_t seed,
+                   double mean, double stddev);
+
+/// Byte copies on the node's stream device, in stream order. Host memory
+/// is pageable: it goes through the device's pinned staging pool.
+/// host -> this device:
+void copy_from_host(const engine::RunContext& ctx, void* dst, const void* host_src, std::size_t bytes);
+/// this device -> pinned staging memory (from StreamDevice::allocate_host):
+void copy_to_staging(const engine::RunContext& ctx, void* staging, const void* src, std::size_t bytes);
+/// another device of the same kind -> this device:
+void copy_peer(const engine::RunContext& ctx, void* dst, const void* src, engine::Device src_device,
+               std::size_t bytes);
+
+/// The CUDA kernels (ops/cuda/*.cu), each enqueued on `stream` (a
+/// cudaStream_t) of the current device. In a build without CUDA they throw
+/// BackendUnavailable.
+namespace cuda {
+void unary(void* stream, UnaryOp op, const TensorView& a, const TensorView& out);
+void binary(void* stream, BinaryOp op, const TensorView& a, const TensorView& b, const TensorView& out);
+void binary_scalar(void* stream, BinaryOp op, const TensorView& a, double scalar, bool scalar_first,
+                   const TensorView& out);
+void compare(void* stream, CompareOp op, const TensorView& a, const TensorView& b, const TensorView& out);
+void compare_scalar(void* stream, CompareOp op, const TensorView& a, double scalar, const TensorView& out);
+void where(void* stream, const TensorView& cond, const TensorView& a, const TensorView& b,
+           const TensorView& out);
+void copy_cast(void* stream, const TensorView& a, const TensorView& out);
+void reduce(void* stream, ReduceOp op, const TensorView& a, bool all, int axis, const TensorView& out);
+/// cuBLAS (a handle per stream), row-major via the transposed product.
+void matmul(void* stream, const TensorView& a, const TensorView& b, const TensorView& out);
+void fill(void* stream, const TensorView& out, double value);
+void arange(void* stream, const TensorView& out, double start, double step);
+/// The same counter-based generator as the CPU's: identical values for a
+/// seed and shape (up to the last bit of libm's log/cos in random_normal).
+void random_uniform(void* stream, const TensorView& out, std::uint64_t seed, double low, double high);
+void random_normal(void* stream, const TensorView& out, std::uint64_t seed, double mean, double stddev);
+/// cudaMemcpyAsync; kind as cudaMemcpyKind (1 host->device, 2 device->host, 3 device->device).
+void memcpy_async(void* stream, void* dst, const void* src, std::size_t bytes, int kind);
+void memcpy_peer_async(void* stream, void* dst, int dst_device, const void* src, int src_device,
+                       std::size_t bytes);
+}  // namespace cuda
+
 }  // namespace lazydag::ops

@@ -1,0 +1,87 @@
+// Shared by the CUDA kernels: strided-view indexing for up to four operands
+// (broadcasting by zero strides), launch shapes and the dtype dispatch.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <lazydag/ops/kernels.hpp>
+
+#include "check.hpp"
+
+#include <cstdint>
+#include <type_traits>
+
+namespace lazydag::ops::cuda::detail {
+
+inline constexpr int kMaxRank = 8;
+
+/// An output shape and, per operand, its element strides broadcast to it
+/// and its offset: passed by value to a kernel.
+template <int N>
+struct Indexer {
+  int rank = 0;
+  std::int64_t shape[kMaxRank] = {};
+  std::int64_t strides[N][kMaxRank] = {};
+  std::int64_t offset[N] = {};
+
+  /// Element offsets of every operand for the row-major linear index i.
+  __device__ void offsets(std::int64_t i, std::int64_t (&o)[N]) const {
+    for (int k = 0; k < N; ++k) o[k] = offset[k];
+    for (int d = rank - 1; d >= 0; --d) {
+      const std::int64_t idx = i % shape[d];
+      i /= shape[d];
+      for (int k = 0; k < N; ++k) o[k] += idx * strides[k][d];
+    }
+  }
+};
+
+/// Indexer for `out` and operands broadcast to out.shape (out is the last).
+template <int N>
+Indexer<N> make_indexer(const TensorView* const (&views)[N], const Shape& out_shape) {
+  Indexer<N> ix;
+  ix.rank = static_cast<int>(out_shape.size());
+  if (ix.rank > kMaxRank) throw InvalidArgument("CUDA kernels support rank <= 8");
+  for (int d = 0; d < ix.rank; ++d) ix.shape[d] = out_shape[static_cast<std::size_t>(d)];
+  for (int k = 0; k < N; ++k) {
+    const TensorView& v = *views[k];
+    const int r = static_cast<int>(v.shape.size());
+    for (int d = 0; d < r; ++d) {
+      ix.strides[k][ix.rank - r + d] = v.shape[static_cast<std::size_t>(d)] == 1 ? 0 : v.strides[static_cast<std::size_t>(d)];
+    }
+    ix.offset[k] = v.offset;
+  }
+  return ix;
+}
+
+inline int blocks_for(std::int64_t n, int threads = 256) {
+  const std::int64_t b = (n + threads - 1) / threads;
+  return static_cast<int>(b < 1 ? 1 : (b > 65535 * 16 ? 65535 * 16 : b));
+}
+
+inline cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+
+/// Checks the launch just made (configuration errors are reported at once;
+/// faults during execution are reported by the device's completion).
+inline void check_launch(const char* kernel) {
+  LAZYDAG_CUDA_CHECK(cudaGetLastError(), kernel);
+}
+
+/// The same value conversion as the CPU kernels: NaN -> 0 and saturation
+/// for float -> int, != 0 for -> bool.
+template <class D, class S>
+__host__ __device__ D convert_value(S v) {
+  if constexpr (std::is_same_v<D, bool>) {
+    return v != S(0);
+  } else if constexpr (std::is_integral_v<D> && std::is_floating_point_v<S>) {
+    if (v != v) return D(0);
+    constexpr D lo = std::is_same_v<D, std::int32_t> ? D(-2147483647 - 1) : D(-9223372036854775807LL - 1);
+    constexpr D hi = std::is_same_v<D, std::int32_t> ? D(2147483647) : D(9223372036854775807LL);
+    if (v <= static_cast<S>(lo)) return lo;
+    if (v >= static_cast<S>(hi)) return hi;
+    return static_cast<D>(v);
+  } else {
+    return static_cast<D>(v);
+  }
+}
+
+}  // namespace lazydag::ops::cuda::detail

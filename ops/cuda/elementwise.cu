@@ -1,0 +1,338 @@
+// CUDA elementwise kernels: unary and binary math with broadcasting,
+// comparisons, where, dtype conversion, fills, counter-based random numbers
+// (the CPU's generator), and the copies. One grid-stride kernel template over
+// strided views; each op is a small functor.
+#include "common.cuh"
+
+#include <cmath>
+#include <string>
+
+namespace lazydag::ops::cuda {
+
+using detail::blocks_for;
+using detail::check_launch;
+using detail::convert_value;
+using detail::Indexer;
+using detail::make_indexer;
+
+namespace {
+
+template <int N, class F>
+__global__ void map_kernel(Indexer<N> ix, std::int64_t n, F f) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(blockDim.x) * gridDim.x) {
+    std::int64_t o[N];
+    ix.offsets(i, o);
+    f(i, o);
+  }
+}
+
+template <int N, class F>
+void launch_map(void* stream, const TensorView* const (&views)[N], const Shape& shape, F f,
+                const char* name) {
+  const std::int64_t n = numel(shape);
+  if (n == 0) return;
+  const Indexer<N> ix = make_indexer<N>(views, shape);
+  map_kernel<N, F><<<blocks_for(n), 256, 0, detail::as_stream(stream)>>>(ix, n, f);
+  check_launch(name);
+}
+
+// Integer arithmetic wraps (done in the unsigned type), as on the CPU.
+template <class T>
+__device__ T wrap(T a, T b, int op) {
+  using U = std::make_unsigned_t<T>;
+  const U x = static_cast<U>(a);
+  const U y = static_cast<U>(b);
+  if (op == 0) return static_cast<T>(static_cast<U>(x + y));
+  if (op == 1) return static_cast<T>(static_cast<U>(x - y));
+  using W = std::conditional_t<(sizeof(U) < sizeof(unsigned)), unsigned, U>;
+  return static_cast<T>(static_cast<U>(static_cast<W>(x) * static_cast<W>(y)));
+}
+
+template <class T>
+__device__ T apply_unary(UnaryOp op, T x) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return x;  // refused at record time
+  } else {
+    switch (op) {
+      case UnaryOp::kNeg:
+        if constexpr (std::is_integral_v<T>) return wrap<T>(T(0), x, 1);
+        else return -x;
+      case UnaryOp::kAbs:
+        if constexpr (std::is_integral_v<T>) return x < 0 ? wrap<T>(T(0), x, 1) : x;
+        else return x < 0 ? -x : x;
+      case UnaryOp::kRelu: return x > 0 ? x : T(0);
+      default: break;
+    }
+    if constexpr (std::is_floating_point_v<T>) {
+      switch (op) {
+        case UnaryOp::kExp: return exp(x);
+        case UnaryOp::kLog: return log(x);
+        case UnaryOp::kSqrt: return sqrt(x);
+        case UnaryOp::kTanh: return tanh(x);
+        case UnaryOp::kSigmoid: return T(1) / (T(1) + exp(-x));
+        default: break;
+      }
+    }
+    return x;
+  }
+}
+
+// Integer division by zero gives 0 here (a kernel cannot throw; the CPU
+// kernels report it as an error).
+template <class T>
+__device__ T apply_binary(BinaryOp op, T a, T b) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return a;  // refused at record time
+  } else {
+    switch (op) {
+      case BinaryOp::kAdd:
+        if constexpr (std::is_integral_v<T>) return wrap(a, b, 0);
+        else return a + b;
+      case BinaryOp::kSub:
+        if constexpr (std::is_integral_v<T>) return wrap(a, b, 1);
+        else return a - b;
+      case BinaryOp::kMul:
+        if constexpr (std::is_integral_v<T>) return wrap(a, b, 2);
+        else return a * b;
+      case BinaryOp::kDiv:
+        if constexpr (std::is_integral_v<T>) {
+          if (b == 0) return T(0);
+          if (b == -1) return wrap<T>(T(0), a, 1);
+        }
+        return a / b;
+      case BinaryOp::kPow:
+        if constexpr (std::is_floating_point_v<T>) return pow(a, b);
+        else return a;
+      case BinaryOp::kMax: return a < b ? b : a;
+      case BinaryOp::kMin: return b < a ? b : a;
+    }
+    return a;
+  }
+}
+
+template <class T>
+__device__ bool apply_compare(CompareOp op, T a, T b) {
+  switch (op) {
+    case CompareOp::kEq: return a == b;
+    case CompareOp::kNe: return a != b;
+    case CompareOp::kLt: return a < b;
+    case CompareOp::kLe: return a <= b;
+    case CompareOp::kGt: return a > b;
+    case CompareOp::kGe: return a >= b;
+  }
+  return false;
+}
+
+template <class T>
+struct UnaryF {
+  const T* x;
+  T* y;
+  UnaryOp op;
+  __device__ void operator()(std::int64_t, const std::int64_t (&o)[2]) const { y[o[1]] = apply_unary(op, x[o[0]]); }
+};
+template <class T>
+struct BinaryF {
+  const T* x;
+  const T* z;
+  T* y;
+  BinaryOp op;
+  __device__ void operator()(std::int64_t, const std::int64_t (&o)[3]) const {
+    y[o[2]] = apply_binary(op, x[o[0]], z[o[1]]);
+  }
+};
+template <class T>
+struct ScalarF {
+  const T* x;
+  T s;
+  bool first;
+  T* y;
+  BinaryOp op;
+  __device__ void operator()(std::int64_t, const std::int64_t (&o)[2]) const {
+    y[o[1]] = first ? apply_binary(op, s, x[o[0]]) : apply_binary(op, x[o[0]], s);
+  }
+};
+template <class T>
+struct CompareF {
+  const T* x;
+  const T* z;
+  bool* y;
+  CompareOp op;
+  __device__ void operator()(std::int64_t, const std::int64_t (&o)[3]) const {
+    y[o[2]] = apply_compare(op, x[o[0]], z[o[1]]);
+  }
+};
+template <class T>
+struct CompareScalarF {
+  const T* x;
+  T s;
+  bool* y;
+  CompareOp op;
+  __device__ void operator()(std::int64_t, const std::int64_t (&o)[2]) const {
+    y[o[1]] = apply_compare(op, x[o[0]], s);
+  }
+};
+template <class T>
+struct WhereF {
+  const bool* c;
+  const T* x;
+  const T* z;
+  T* y;
+  __device__ void operator()(std::int64_t, const std::int64_t (&o)[4]) const {
+    y[o[3]] = c[o[0]] ? x[o[1]] : z[o[2]];
+  }
+};
+template <class S, class D>
+struct CastF {
+  const S* x;
+  D* y;
+  __device__ void operator()(std::int64_t, const std::int64_t (&o)[2]) const {
+    y[o[1]] = convert_value<D>(x[o[0]]);
+  }
+};
+template <class T>
+struct FillF {
+  T* y;
+  T v;
+  __device__ void operator()(std::int64_t, const std::int64_t (&o)[1]) const { y[o[0]] = v; }
+};
+template <class T>
+struct ArangeF {
+  T* y;
+  double start;
+  double step;
+  __device__ void operator()(std::int64_t i, const std::int64_t (&o)[1]) const {
+    y[o[0]] = convert_value<T>(start + static_cast<double>(i) * step);
+  }
+};
+
+// The CPU's splitmix64 of (seed, counter), bit for bit.
+__device__ std::uint64_t mix64(std::uint64_t seed, std::uint64_t counter) {
+  std::uint64_t z = seed * 0x9e3779b97f4a7c15ULL + counter * 0xd1b54a32d192ed03ULL + 0x632be59bd9b4e019ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+__device__ double unit(std::uint64_t seed, std::uint64_t counter) {
+  return static_cast<double>(mix64(seed, counter) >> 11) * 0x1.0p-53;
+}
+template <class T>
+struct UniformF {
+  T* y;
+  std::uint64_t seed;
+  double low;
+  double high;
+  __device__ void operator()(std::int64_t i, const std::int64_t (&o)[1]) const {
+    y[o[0]] = convert_value<T>(low + (high - low) * unit(seed, static_cast<std::uint64_t>(i)));
+  }
+};
+template <class T>
+struct NormalF {
+  T* y;
+  std::uint64_t seed;
+  double mean;
+  double stddev;
+  __device__ void operator()(std::int64_t i, const std::int64_t (&o)[1]) const {
+    const auto c = static_cast<std::uint64_t>(i) * 2;
+    const double u1 = 1.0 - unit(seed, c);
+    const double u2 = unit(seed, c + 1);
+    y[o[0]] = convert_value<T>(mean + stddev * sqrt(-2.0 * log(u1)) * cos(6.283185307179586476925286766559 * u2));
+  }
+};
+
+template <class T>
+T* ptr(const TensorView& v) {
+  return static_cast<T*>(v.data);
+}
+
+}  // namespace
+
+void unary(void* stream, UnaryOp op, const TensorView& a, const TensorView& out) {
+  dispatch(out.dtype, [&]<class T>() {
+    launch_map<2>(stream, {&a, &out}, out.shape, UnaryF<T>{ptr<T>(a), ptr<T>(out), op}, "unary kernel");
+  });
+}
+
+void binary(void* stream, BinaryOp op, const TensorView& a, const TensorView& b, const TensorView& out) {
+  dispatch(out.dtype, [&]<class T>() {
+    launch_map<3>(stream, {&a, &b, &out}, out.shape, BinaryF<T>{ptr<T>(a), ptr<T>(b), ptr<T>(out), op},
+                  "binary kernel");
+  });
+}
+
+void binary_scalar(void* stream, BinaryOp op, const TensorView& a, double scalar, bool scalar_first,
+                   const TensorView& out) {
+  dispatch(out.dtype, [&]<class T>() {
+    launch_map<2>(stream, {&a, &out}, out.shape,
+                  ScalarF<T>{ptr<T>(a), convert_value<T>(scalar), scalar_first, ptr<T>(out), op},
+                  "scalar kernel");
+  });
+}
+
+void compare(void* stream, CompareOp op, const TensorView& a, const TensorView& b, const TensorView& out) {
+  dispatch(a.dtype, [&]<class T>() {
+    launch_map<3>(stream, {&a, &b, &out}, out.shape, CompareF<T>{ptr<T>(a), ptr<T>(b), ptr<bool>(out), op},
+                  "compare kernel");
+  });
+}
+
+void compare_scalar(void* stream, CompareOp op, const TensorView& a, double scalar, const TensorView& out) {
+  dispatch(a.dtype, [&]<class T>() {
+    launch_map<2>(stream, {&a, &out}, out.shape,
+                  CompareScalarF<T>{ptr<T>(a), convert_value<T>(scalar), ptr<bool>(out), op},
+                  "compare kernel");
+  });
+}
+
+void where(void* stream, const TensorView& cond, const TensorView& a, const TensorView& b,
+           const TensorView& out) {
+  dispatch(out.dtype, [&]<class T>() {
+    launch_map<4>(stream, {&cond, &a, &b, &out}, out.shape,
+                  WhereF<T>{ptr<bool>(cond), ptr<T>(a), ptr<T>(b), ptr<T>(out)}, "where kernel");
+  });
+}
+
+void copy_cast(void* stream, const TensorView& a, const TensorView& out) {
+  dispatch(a.dtype, [&]<class S>() {
+    dispatch(out.dtype, [&]<class D>() {
+      launch_map<2>(stream, {&a, &out}, out.shape, CastF<S, D>{ptr<S>(a), ptr<D>(out)}, "copy kernel");
+    });
+  });
+}
+
+void fill(void* stream, const TensorView& out, double value) {
+  dispatch(out.dtype, [&]<class T>() {
+    launch_map<1>(stream, {&out}, out.shape, FillF<T>{ptr<T>(out), convert_value<T>(value)}, "fill kernel");
+  });
+}
+
+void arange(void* stream, const TensorView& out, double start, double step) {
+  dispatch(out.dtype, [&]<class T>() {
+    launch_map<1>(stream, {&out}, out.shape, ArangeF<T>{ptr<T>(out), start, step}, "arange kernel");
+  });
+}
+
+void random_uniform(void* stream, const TensorView& out, std::uint64_t seed, double low, double high) {
+  dispatch(out.dtype, [&]<class T>() {
+    launch_map<1>(stream, {&out}, out.shape, UniformF<T>{ptr<T>(out), seed, low, high}, "random kernel");
+  });
+}
+
+void random_normal(void* stream, const TensorView& out, std::uint64_t seed, double mean, double stddev) {
+  dispatch(out.dtype, [&]<class T>() {
+    launch_map<1>(stream, {&out}, out.shape, NormalF<T>{ptr<T>(out), seed, mean, stddev}, "random kernel");
+  });
+}
+
+void memcpy_async(void* stream, void* dst, const void* src, std::size_t bytes, int kind) {
+  LAZYDAG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, static_cast<cudaMemcpyKind>(kind), detail::as_stream(stream)),
+                     "copy of " + std::to_string(bytes) + " bytes");
+}
+
+void memcpy_peer_async(void* stream, void* dst, int dst_device, const void* src, int src_device,
+                       std::size_t bytes) {
+  LAZYDAG_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_device, src, src_device, bytes, detail::as_stream(stream)),
+                     "peer copy gpu(" + std::to_string(src_device) + ") -> gpu(" + std::to_string(dst_device) + ")");
+}
+
+}  // namespace lazydag::ops::cuda

@@ -1,0 +1,165 @@
+// CUDA reductions. Over everything: cub::DeviceReduce with a combine that is
+// commutative and associative (so CUB's order does not change the result):
+// sums accumulate in double (float) or wrap in int64 (integers); max, min
+// and argmax keep the first NaN and the lowest index on ties, as the CPU
+// does. Over one axis: one thread per output element walking the axis
+// (threads of a warp read neighbouring elements when the axis is not the
+// last); CUB's segmented reductions need contiguous segments.
+#include "common.cuh"
+
+#include <cub/device/device_reduce.cuh>
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/iterator/transform_iterator.h>
+
+#include <limits>
+#include <string>
+
+namespace lazydag::ops::cuda {
+
+namespace {
+
+template <class T>
+using Acc = std::conditional_t<std::is_floating_point_v<T>, double, std::int64_t>;
+
+template <class T>
+struct Item {
+  Acc<T> sum;
+  T best;
+  std::int64_t index;  // of `best`; -1: empty
+};
+
+template <class T>
+__host__ __device__ bool is_nan(T v) {
+  return v != v;
+}
+
+template <class T>
+struct Combine {
+  ReduceOp op;
+  __host__ __device__ Item<T> operator()(const Item<T>& a, const Item<T>& b) const {
+    Item<T> r;
+    if constexpr (std::is_integral_v<Acc<T>>) {
+      r.sum = static_cast<Acc<T>>(static_cast<std::uint64_t>(a.sum) + static_cast<std::uint64_t>(b.sum));
+    } else {
+      r.sum = a.sum + b.sum;
+    }
+    if (a.index < 0 || b.index < 0) {
+      const Item<T>& x = a.index < 0 ? b : a;
+      r.best = x.best;
+      r.index = x.index;
+      return r;
+    }
+    const bool an = is_nan(a.best);
+    const bool bn = is_nan(b.best);
+    bool take_a;
+    if (an || bn) {
+      take_a = an && bn ? a.index < b.index : an;
+    } else if (a.best == b.best) {
+      take_a = a.index < b.index;
+    } else {
+      take_a = op == ReduceOp::kMin ? a.best < b.best : a.best > b.best;
+    }
+    r.best = take_a ? a.best : b.best;
+    r.index = take_a ? a.index : b.index;
+    return r;
+  }
+};
+
+template <class T>
+struct Load {
+  const T* x;
+  __host__ __device__ Item<T> operator()(std::int64_t i) const {
+    return Item<T>{static_cast<Acc<T>>(x[i]), x[i], i};
+  }
+};
+
+template <class T, class O>
+__device__ O result(ReduceOp op, const Item<T>& it, std::int64_t len) {
+  switch (op) {
+    case ReduceOp::kSum: return static_cast<O>(it.sum);
+    case ReduceOp::kMean:
+      return static_cast<O>(len == 0 ? std::numeric_limits<double>::quiet_NaN()
+                                     : static_cast<double>(it.sum) / static_cast<double>(len));
+    case ReduceOp::kMax:
+    case ReduceOp::kMin: return static_cast<O>(it.best);
+    case ReduceOp::kArgmax: return static_cast<O>(it.index);
+  }
+  return O{};
+}
+
+template <class T, class O>
+__global__ void finish_kernel(ReduceOp op, const Item<T>* in, O* out, std::int64_t len) {
+  out[0] = result<T, O>(op, *in, len);
+}
+
+// One output element per thread: lane (o, i) reduces x[o*len*inner + l*inner + i].
+template <class T, class O>
+__global__ void lanes_kernel(ReduceOp op, const T* x, O* y, std::int64_t outer, std::int64_t len,
+                             std::int64_t inner) {
+  const Combine<T> combine{op};
+  for (std::int64_t lane = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+       lane < outer * inner; lane += static_cast<std::int64_t>(blockDim.x) * gridDim.x) {
+    const std::int64_t o = lane / inner;
+    const std::int64_t i = lane % inner;
+    const T* p = x + o * len * inner + i;
+    Item<T> acc{Acc<T>(0), T{}, -1};
+    for (std::int64_t l = 0; l < len; ++l) acc = combine(acc, Item<T>{static_cast<Acc<T>>(p[l * inner]), p[l * inner], l});
+    y[lane] = result<T, O>(op, acc, len);
+  }
+}
+
+}  // namespace
+
+void reduce(void* stream, ReduceOp op, const TensorView& a, bool all, int axis, const TensorView& out) {
+  cudaStream_t s = detail::as_stream(stream);
+  std::int64_t outer = 1;
+  std::int64_t len = 1;
+  std::int64_t inner = 1;
+  for (int d = 0; d < static_cast<int>(a.shape.size()); ++d) {
+    const std::int64_t n = a.shape[static_cast<std::size_t>(d)];
+    if (all || d == axis) {
+      len *= n;
+    } else if (d < axis) {
+      outer *= n;
+    } else {
+      inner *= n;
+    }
+  }
+  if (all) outer = inner = 1;
+  dispatch(a.dtype, [&]<class T>() {
+    dispatch(out.dtype, [&]<class O>() {
+      if constexpr (std::is_same_v<T, bool> || std::is_same_v<O, bool>) {
+        throw InvalidArgument("reduction on bool");  // refused at record time
+      } else {
+        const T* x = static_cast<const T*>(a.data) + a.offset;
+        O* y = static_cast<O*>(out.data) + out.offset;
+        if (outer * inner == 0) return;
+        if (outer * inner > 1 || len == 0) {
+          lanes_kernel<T, O><<<detail::blocks_for(outer * inner), 256, 0, s>>>(op, x, y, outer, len, inner);
+          detail::check_launch("reduce kernel");
+          return;
+        }
+        auto in = thrust::make_transform_iterator(thrust::counting_iterator<std::int64_t>(0), Load<T>{x});
+        const Item<T> init{Acc<T>(0), T{}, -1};
+        Item<T>* total = nullptr;
+        std::size_t temp_bytes = 0;
+        LAZYDAG_CUDA_CHECK(cub::DeviceReduce::Reduce(nullptr, temp_bytes, in, total, len, Combine<T>{op}, init, s),
+                           "reduce (temp size)");
+        const std::size_t header = ((sizeof(Item<T>) + 255) / 256) * 256;
+        // One stream-ordered block: the result header, then CUB's scratch.
+        char* scratch = nullptr;
+        LAZYDAG_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&scratch), header + temp_bytes, s), "reduce scratch");
+        total = reinterpret_cast<Item<T>*>(scratch);
+        cudaError_t e = cub::DeviceReduce::Reduce(scratch + header, temp_bytes, in, total, len, Combine<T>{op}, init, s);
+        if (e == cudaSuccess) {
+          finish_kernel<T, O><<<1, 1, 0, s>>>(op, total, y, len);
+          e = cudaGetLastError();
+        }
+        (void)cudaFreeAsync(scratch, s);
+        LAZYDAG_CUDA_CHECK(e, "reduce");
+      }
+    });
+  });
+}
+
+}  // namespace lazydag::ops::cuda

@@ -2,6 +2,7 @@
 // and the recording of every operator as an engine node running a kernel.
 #include <lazydag/ndarray.hpp>
 
+#include <lazydag/engine/stream.hpp>
 #include <lazydag/ops/kernels.hpp>
 
 #include "host_pool.hpp"
@@ -10,6 +11,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <iostream>
 #include <utility>
 
 namespace lazydag {
@@ -17,6 +19,16 @@ namespace lazydag {
 Device cpu(int id) {
   if (id < 0) throw InvalidArgument("cpu(" + std::to_string(id) + "): device ids are >= 0");
   return Device{DeviceKind::kCpu, id};
+}
+
+Device sim(int id) {
+  if (id < 0) throw InvalidArgument("sim(" + std::to_string(id) + "): device ids are >= 0");
+  return Device{DeviceKind::kSim, id};
+}
+
+Device gpu(int id) {
+  if (id < 0) throw InvalidArgument("gpu(" + std::to_string(id) + "): device ids are >= 0");
+  return Device{DeviceKind::kGpu, id};
 }
 
 namespace detail {
@@ -28,14 +40,19 @@ std::atomic<std::int64_t> g_bytes{0};
 /// A buffer and the engine var that orders its accesses. Every recorded op
 /// that touches the buffer holds a reference, so the buffer is freed only
 /// after its last access has run; the var's deletion is then recorded.
+/// Host buffers come from the host pool at once. Stream-device buffers are
+/// allocated by the first op that writes them, on its stream, and freed by a
+/// recorded op that writes the var: it runs after every access, on the
+/// stream of the last one, after joining the others (stream-ordered pool).
 struct Storage {
   engine::Engine* eng;
   engine::Var var;
   Device device;
-  void* data = nullptr;
+  void* data = nullptr;  // stream devices: set by the first writer, in stream order
   std::size_t bytes;
 
   Storage(engine::Engine& e, Device dev, std::size_t n) : eng(&e), var(e.new_var()), device(dev), bytes(n) {
+    if (dev.is_stream_device()) return;
     try {
       data = HostPool::get().allocate(n);  // 64-byte aligned, pooled by size class
     } catch (...) {
@@ -45,9 +62,30 @@ struct Storage {
     g_bytes.fetch_add(static_cast<std::int64_t>(n), std::memory_order_relaxed);
   }
   ~Storage() {
-    HostPool::get().release(data, bytes);
-    g_bytes.fetch_sub(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
+    if (device.is_stream_device()) {
+      void* p = data;
+      const std::size_t n = bytes;
+      try {
+        engine::PushOptions o;
+        o.device = device;
+        o.name = "free";
+        eng->push([p, n](const engine::RunContext& ctx) { ctx.stream_device->deallocate(p, n, ctx.stream); },
+                  {}, {var}, o);
+      } catch (const std::exception& e) {
+        std::cerr << "lazydag: could not record the free of a " << device.str() << " buffer: " << e.what()
+                  << '\n';
+      }
+    } else {
+      HostPool::get().release(data, bytes);
+      g_bytes.fetch_sub(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
+    }
     eng->delete_var(var);
+  }
+  /// Inside an op on the storage's device: the buffer, allocated now on the
+  /// op's stream if this is its first write.
+  void* ensure(const engine::RunContext& ctx) {
+    if (data == nullptr && ctx.stream_device != nullptr) data = ctx.stream_device->allocate(bytes, ctx.stream);
+    return data;
   }
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -82,8 +120,33 @@ ops::TensorView view(const ArrayState& s) {
   return ops::TensorView{s.storage->data, s.dtype, s.shape, s.strides, s.offset};
 }
 
+// Refuses a device this op cannot use here (BackendUnavailable names why),
+// before anything is recorded.
+void check_device(Device dev, const char* op) {
+  if (dev.id < 0) throw InvalidArgument(std::string(op) + ": device ids are >= 0, got " + dev.str());
+  if (!dev.is_stream_device()) return;
+  try {
+    (void)nd::engine().stream_device(dev);
+  } catch (const BackendUnavailable& e) {
+    throw BackendUnavailable(std::string(op) + ": " + e.what());
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(std::string(op) + ": " + e.what());
+  }
+}
+
+engine::PushOptions push_options(Device dev, const char* name, std::size_t bytes,
+                                 engine::StreamKind stream = engine::StreamKind::kCompute) {
+  engine::PushOptions o;
+  o.device = dev;
+  o.name = name;
+  o.stream = dev.is_stream_device() ? stream : engine::StreamKind::kCompute;
+  o.bytes = dev.is_stream_device() ? bytes : 0;
+  return o;
+}
+
 StatePtr new_array(const Shape& shape, DType t, Device dev, const char* op) {
   check_shape(shape, op);
+  check_device(dev, op);
   auto st = std::make_shared<ArrayState>();
   st->storage = std::make_shared<Storage>(nd::engine(), dev,
                                           static_cast<std::size_t>(numel(shape)) * size_of(t));
@@ -154,18 +217,19 @@ void record(const char* name, std::initializer_list<StatePtr> inputs, const Stat
   const engine::Var writes[] = {out->storage->var};
   std::vector<StatePtr> keep(inputs);  // keeps every touched buffer alive until the node ran
   nd::engine().push(
-      [keep = std::move(keep), out, kernel = std::move(kernel)](const engine::RunContext&) {
-        kernel(keep, *out);
+      [keep = std::move(keep), out, kernel = std::move(kernel)](const engine::RunContext& ctx) {
+        out->storage->ensure(ctx);
+        kernel(ctx, keep, *out);
       },
-      reads, writes, {.device = out->storage->device, .priority = 0, .name = name});
+      reads, writes, push_options(out->storage->device, name, out->storage->bytes));
 }
 
 // A contiguous version of `a`: `a` itself, or a recorded copy.
 StatePtr dense(const StatePtr& a) {
   if (contiguous(*a)) return a;
   StatePtr out = new_array(a->shape, a->dtype, a->storage->device, "copy");
-  record("copy", {a}, out, [](const std::vector<StatePtr>& in, const ArrayState& o) {
-    ops::cpu::copy_cast(view(*in[0]), view(o));
+  record("copy", {a}, out, [](const engine::RunContext& ctx, const std::vector<StatePtr>& in, const ArrayState& o) {
+    ops::copy_cast(ctx, view(*in[0]), view(o));
   });
   return out;
 }
@@ -178,8 +242,8 @@ NDArray unary_op(ops::UnaryOp op, const NDArray& x) {
     floating(*a, name);
   }
   StatePtr out = new_array(a->shape, a->dtype, a->storage->device, name);
-  record(name, {a}, out, [op](const std::vector<StatePtr>& in, const ArrayState& o) {
-    ops::cpu::unary(op, view(*in[0]), view(o));
+  record(name, {a}, out, [op](const engine::RunContext& ctx, const std::vector<StatePtr>& in, const ArrayState& o) {
+    ops::unary(ctx, op, view(*in[0]), view(o));
   });
   return Access::wrap(out);
 }
@@ -197,8 +261,8 @@ NDArray binary_op(ops::BinaryOp op, const NDArray& x, const NDArray& y) {
   same_dtype(*a, *b, name);
   check_binary(op, *a, name);
   StatePtr out = new_array(ops::broadcast_shapes(a->shape, b->shape, name), a->dtype, dev, name);
-  record(name, {a, b}, out, [op](const std::vector<StatePtr>& in, const ArrayState& o) {
-    ops::cpu::binary(op, view(*in[0]), view(*in[1]), view(o));
+  record(name, {a, b}, out, [op](const engine::RunContext& ctx, const std::vector<StatePtr>& in, const ArrayState& o) {
+    ops::binary(ctx, op, view(*in[0]), view(*in[1]), view(o));
   });
   return Access::wrap(out);
 }
@@ -208,8 +272,8 @@ NDArray scalar_op(ops::BinaryOp op, const NDArray& x, double s, bool scalar_firs
   const StatePtr& a = Access::state(x, name);
   check_binary(op, *a, name);
   StatePtr out = new_array(a->shape, a->dtype, a->storage->device, name);
-  record(name, {a}, out, [op, s, scalar_first](const std::vector<StatePtr>& in, const ArrayState& o) {
-    ops::cpu::binary_scalar(op, view(*in[0]), s, scalar_first, view(o));
+  record(name, {a}, out, [op, s, scalar_first](const engine::RunContext& ctx, const std::vector<StatePtr>& in, const ArrayState& o) {
+    ops::binary_scalar(ctx, op, view(*in[0]), s, scalar_first, view(o));
   });
   return Access::wrap(out);
 }
@@ -221,8 +285,8 @@ NDArray compare_op(ops::CompareOp op, const NDArray& x, const NDArray& y) {
   const Device dev = common_device({a.get(), b.get()}, name);
   same_dtype(*a, *b, name);
   StatePtr out = new_array(ops::broadcast_shapes(a->shape, b->shape, name), DType::kBool, dev, name);
-  record(name, {a, b}, out, [op](const std::vector<StatePtr>& in, const ArrayState& o) {
-    ops::cpu::compare(op, view(*in[0]), view(*in[1]), view(o));
+  record(name, {a, b}, out, [op](const engine::RunContext& ctx, const std::vector<StatePtr>& in, const ArrayState& o) {
+    ops::compare(ctx, op, view(*in[0]), view(*in[1]), view(o));
   });
   return Access::wrap(out);
 }
@@ -231,8 +295,8 @@ NDArray compare_scalar_op(ops::CompareOp op, const NDArray& x, double s) {
   const char* name = to_string(op).data();
   const StatePtr& a = Access::state(x, name);
   StatePtr out = new_array(a->shape, DType::kBool, a->storage->device, name);
-  record(name, {a}, out, [op, s](const std::vector<StatePtr>& in, const ArrayState& o) {
-    ops::cpu::compare_scalar(op, view(*in[0]), s, view(o));
+  record(name, {a}, out, [op, s](const engine::RunContext& ctx, const std::vector<StatePtr>& in, const ArrayState& o) {
+    ops::compare_scalar(ctx, op, view(*in[0]), s, view(o));
   });
   return Access::wrap(out);
 }
@@ -253,15 +317,15 @@ void inplace_op(ops::BinaryOp op, const StatePtr& a, StatePtr b, const char* nam
       (b->offset != a->offset || b->strides != a->strides || b->shape != a->shape)) {
     b = Access::state(Access::wrap(b).copy(), name);
   }
-  record(name, {a, b}, a, [op](const std::vector<StatePtr>& in, const ArrayState& o) {
-    ops::cpu::binary(op, view(*in[0]), view(*in[1]), view(o));
+  record(name, {a, b}, a, [op](const engine::RunContext& ctx, const std::vector<StatePtr>& in, const ArrayState& o) {
+    ops::binary(ctx, op, view(*in[0]), view(*in[1]), view(o));
   });
 }
 
 void inplace_scalar(ops::BinaryOp op, const StatePtr& a, double s, const char* name) {
   check_binary(op, *a, name);
-  record(name, {a}, a, [op, s](const std::vector<StatePtr>& in, const ArrayState& o) {
-    ops::cpu::binary_scalar(op, view(*in[0]), s, false, view(o));
+  record(name, {a}, a, [op, s](const engine::RunContext& ctx, const std::vector<StatePtr>& in, const ArrayState& o) {
+    ops::binary_scalar(ctx, op, view(*in[0]), s, false, view(o));
   });
 }
 
@@ -284,8 +348,8 @@ NDArray reduce_op(ops::ReduceOp op, const NDArray& x, bool all, int axis, bool k
   StatePtr a = dense(a0);
   StatePtr out = new_array(ops::reduced_shape(a->shape, all, axis, keepdims), t,
                            a->storage->device, name);
-  record(name, {a}, out, [op, all, axis](const std::vector<StatePtr>& in, const ArrayState& o) {
-    ops::cpu::reduce(op, view(*in[0]), all, axis, view(o));
+  record(name, {a}, out, [op, all, axis](const engine::RunContext& ctx, const std::vector<StatePtr>& in, const ArrayState& o) {
+    ops::reduce(ctx, op, view(*in[0]), all, axis, view(o));
   });
   return Access::wrap(out);
 }
@@ -327,6 +391,11 @@ void NDArray::read_into(void* dst, DType expected, std::int64_t expected_size, c
     throw InvalidArgument(std::string(call) + ": needs an array of exactly one element, got shape " +
                           to_string(s->shape));
   }
+  if (s->storage->device.is_stream_device()) {
+    // A blocker on a device array: one recorded copy to the host, one wait.
+    copyto(cpu()).read_into(dst, expected, expected_size, call, site);
+    return;
+  }
   nd::engine().wait_to_read(s->storage->var, site);
   ops::TensorView out{dst, s->dtype, s->shape, contiguous_strides(s->shape), 0};
   ops::cpu::copy_cast(view(*s), out);
@@ -335,8 +404,8 @@ void NDArray::read_into(void* dst, DType expected, std::int64_t expected_size, c
 NDArray NDArray::copy() const {
   const StatePtr& a = Access::state(*this, "copy");
   StatePtr out = new_array(a->shape, a->dtype, a->storage->device, "copy");
-  record("copy", {a}, out, [](const std::vector<StatePtr>& in, const ArrayState& o) {
-    ops::cpu::copy_cast(view(*in[0]), view(o));
+  record("copy", {a}, out, [](const engine::RunContext& ctx, const std::vector<StatePtr>& in, const ArrayState& o) {
+    ops::copy_cast(ctx, view(*in[0]), view(o));
   });
   return Access::wrap(out);
 }
@@ -344,19 +413,91 @@ NDArray NDArray::copy() const {
 NDArray NDArray::astype(DType t) const {
   const StatePtr& a = Access::state(*this, "astype");
   StatePtr out = new_array(a->shape, t, a->storage->device, "astype");
-  record("astype", {a}, out, [](const std::vector<StatePtr>& in, const ArrayState& o) {
-    ops::cpu::copy_cast(view(*in[0]), view(o));
+  record("astype", {a}, out, [](const engine::RunContext& ctx, const std::vector<StatePtr>& in, const ArrayState& o) {
+    ops::copy_cast(ctx, view(*in[0]), view(o));
   });
   return Access::wrap(out);
 }
 
+// Copies between devices, all recorded, none implicit:
+//   cpu(i) -> cpu(j): a CPU op;
+//   cpu -> sim/gpu: an op on the target's copy-in stream (through pinned
+//     staging on a gpu);
+//   sim/gpu -> cpu: an op on the source's copy-out stream into staging
+//     memory, then a CPU op from staging into the array (the host never
+//     waits on the device for it: it is a completion edge);
+//   sim(i) -> sim(j), gpu(i) -> gpu(j): a peer copy on the target's copy-in
+//     stream, ordered after the source's producer by an event;
+//   sim <-> gpu: through the host (two of the above).
 NDArray NDArray::copyto(Device dev) const {
-  const StatePtr& a = Access::state(*this, "copyto");
-  (void)cpu(dev.id);  // validates the device
+  const StatePtr& a0 = Access::state(*this, "copyto");
+  check_device(dev, "copyto");
+  const Device src = a0->storage->device;
+  if (src == dev || (!src.is_stream_device() && !dev.is_stream_device())) {
+    StatePtr out = new_array(a0->shape, a0->dtype, dev, "copyto");
+    record("copyto", {a0}, out, [](const engine::RunContext& ctx, const std::vector<StatePtr>& in, const ArrayState& o) {
+      ops::copy_cast(ctx, view(*in[0]), view(o));
+    });
+    return Access::wrap(out);
+  }
+  if (src.is_stream_device() && dev.is_stream_device() && src.kind != dev.kind) {
+    return copyto(cpu()).copyto(dev);
+  }
+  const StatePtr a = dense(a0);  // on the source device
   StatePtr out = new_array(a->shape, a->dtype, dev, "copyto");
-  record("copyto", {a}, out, [](const std::vector<StatePtr>& in, const ArrayState& o) {
-    ops::cpu::copy_cast(view(*in[0]), view(o));
-  });
+  const std::size_t bytes = out->storage->bytes;
+  const engine::Var reads[] = {a->storage->var};
+  const engine::Var writes[] = {out->storage->var};
+  engine::Engine& eng = nd::engine();
+  if (dev.is_stream_device()) {
+    // host -> device, or a peer copy between two devices of one kind
+    eng.push(
+        [a, out, bytes, src](const engine::RunContext& ctx) {
+          void* dst = out->storage->ensure(ctx);
+          const auto* from = static_cast<const unsigned char*>(a->storage->data) +
+                             static_cast<std::size_t>(a->offset) * size_of(a->dtype);
+          if (src.is_stream_device()) {
+            ops::copy_peer(ctx, dst, from, src, bytes);
+          } else {
+            ops::copy_from_host(ctx, dst, from, bytes);
+          }
+        },
+        reads, writes, push_options(dev, "copyto", bytes, engine::StreamKind::kCopyIn));
+    return Access::wrap(out);
+  }
+  // device -> host, through a staging buffer ordered by a var of its own
+  struct Staging {
+    engine::StreamDevice* device = nullptr;
+    void* data = nullptr;
+    void* stream = nullptr;
+  };
+  auto staging = std::make_shared<Staging>();
+  const engine::Var stage_var = eng.new_var();
+  const engine::Var stage[] = {stage_var};
+  try {
+    eng.push(
+        [a, staging, bytes](const engine::RunContext& ctx) {
+          staging->device = ctx.stream_device;
+          staging->stream = ctx.stream;
+          staging->data = ctx.stream_device->allocate_host(bytes);
+          ops::copy_to_staging(ctx, staging->data,
+                               static_cast<const unsigned char*>(a->storage->data) +
+                                   static_cast<std::size_t>(a->offset) * size_of(a->dtype),
+                               bytes);
+        },
+        reads, stage, push_options(src, "copyto (device to staging)", bytes, engine::StreamKind::kCopyOut));
+    eng.push(
+        [staging, out, bytes](const engine::RunContext&) {
+          if (bytes != 0) std::memcpy(out->storage->data, staging->data, bytes);
+          staging->device->release_host(staging->data, bytes, staging->stream);
+          staging->data = nullptr;
+        },
+        stage, writes, push_options(dev, "copyto (staging to host)", bytes));
+  } catch (...) {
+    eng.delete_var(stage_var);
+    throw;
+  }
+  eng.delete_var(stage_var);
   return Access::wrap(out);
 }
 
@@ -444,8 +585,8 @@ NDArray& NDArray::assign(const NDArray& o) {
   if (b->storage == a->storage) b = Access::state(Access::wrap(b).copy(), "assign");
   // A read-modify-write of the target: a view leaves the rest of the buffer
   // as it was, including an error an earlier write left there.
-  record("assign", {b, a}, a, [](const std::vector<StatePtr>& in, const ArrayState& o2) {
-    ops::cpu::copy_cast(view(*in[0]), view(o2));
+  record("assign", {b, a}, a, [](const engine::RunContext& ctx, const std::vector<StatePtr>& in, const ArrayState& o2) {
+    ops::copy_cast(ctx, view(*in[0]), view(o2));
   });
   return *this;
 }
@@ -515,7 +656,10 @@ NDArray operator>=(const NDArray& a, double s) { return compare_scalar_op(ops::C
 namespace detail {
 
 NDArray make_array(const void* data, DType t, const Shape& shape, Device dev) {
-  (void)cpu(dev.id);
+  if (dev.is_stream_device()) {
+    check_device(dev, "nd::array");
+    return make_array(data, t, shape, cpu()).copyto(dev);
+  }
   StatePtr out = new_array(shape, t, dev, "nd::array");
   // The buffer is new and no op refers to it yet: fill it right here.
   const auto bytes = static_cast<std::size_t>(numel(shape)) * size_of(t);
@@ -529,6 +673,10 @@ namespace nd {
 
 engine::Engine& engine() { return engine::Engine::get(); }
 std::int64_t memory_in_use() noexcept { return detail::g_bytes.load(std::memory_order_relaxed); }
+std::int64_t device_memory_in_use(Device dev) {
+  if (!dev.is_stream_device()) return memory_in_use();
+  return static_cast<std::int64_t>(engine().stream_device(dev).bytes_in_use());
+}
 std::int64_t memory_cached() { return static_cast<std::int64_t>(detail::HostPool::get().cached_bytes()); }
 void release_cached_memory() { detail::HostPool::get().trim(); }
 void waitall(std::source_location where) {
@@ -536,10 +684,9 @@ void waitall(std::source_location where) {
 }
 
 NDArray full(const Shape& shape, double value, DType t, Device dev) {
-  (void)cpu(dev.id);
   StatePtr out = new_array(shape, t, dev, "full");
-  record("full", {}, out, [value](const std::vector<StatePtr>&, const ArrayState& o) {
-    ops::cpu::fill(view(o), value);
+  record("full", {}, out, [value](const engine::RunContext& ctx, const std::vector<StatePtr>&, const ArrayState& o) {
+    ops::fill(ctx, view(o), value);
   });
   return Access::wrap(out);
 }
@@ -547,35 +694,32 @@ NDArray zeros(const Shape& shape, DType t, Device dev) { return full(shape, 0.0,
 NDArray ones(const Shape& shape, DType t, Device dev) { return full(shape, 1.0, t, dev); }
 
 NDArray arange(double start, double stop, double step, DType t, Device dev) {
-  (void)cpu(dev.id);
   if (step == 0.0 || !(std::isfinite(start) && std::isfinite(stop) && std::isfinite(step))) {
     throw InvalidArgument("arange: step must be non-zero and the bounds finite");
   }
   const double count = std::ceil((stop - start) / step);
   const auto n = static_cast<std::int64_t>(count > 0 ? count : 0);
   StatePtr out = new_array({n}, t, dev, "arange");
-  record("arange", {}, out, [start, step](const std::vector<StatePtr>&, const ArrayState& o) {
-    ops::cpu::arange(view(o), start, step);
+  record("arange", {}, out, [start, step](const engine::RunContext& ctx, const std::vector<StatePtr>&, const ArrayState& o) {
+    ops::arange(ctx, view(o), start, step);
   });
   return Access::wrap(out);
 }
 
 NDArray random_uniform(const Shape& shape, Device dev, std::uint64_t seed, double low, double high,
                        DType t) {
-  (void)cpu(dev.id);
   StatePtr out = new_array(shape, t, dev, "random_uniform");
-  record("random_uniform", {}, out, [seed, low, high](const std::vector<StatePtr>&, const ArrayState& o) {
-    ops::cpu::random_uniform(view(o), seed, low, high);
+  record("random_uniform", {}, out, [seed, low, high](const engine::RunContext& ctx, const std::vector<StatePtr>&, const ArrayState& o) {
+    ops::random_uniform(ctx, view(o), seed, low, high);
   });
   return Access::wrap(out);
 }
 
 NDArray random_normal(const Shape& shape, Device dev, std::uint64_t seed, double mean, double stddev,
                       DType t) {
-  (void)cpu(dev.id);
   StatePtr out = new_array(shape, t, dev, "random_normal");
-  record("random_normal", {}, out, [seed, mean, stddev](const std::vector<StatePtr>&, const ArrayState& o) {
-    ops::cpu::random_normal(view(o), seed, mean, stddev);
+  record("random_normal", {}, out, [seed, mean, stddev](const engine::RunContext& ctx, const std::vector<StatePtr>&, const ArrayState& o) {
+    ops::random_normal(ctx, view(o), seed, mean, stddev);
   });
   return Access::wrap(out);
 }
@@ -605,8 +749,8 @@ NDArray where(const NDArray& cond, const NDArray& x, const NDArray& y) {
   same_dtype(*a, *b, "where");
   Shape s = ops::broadcast_shapes(ops::broadcast_shapes(c->shape, a->shape, "where"), b->shape, "where");
   StatePtr out = new_array(s, a->dtype, dev, "where");
-  record("where", {c, a, b}, out, [](const std::vector<StatePtr>& in, const ArrayState& o) {
-    ops::cpu::where(view(*in[0]), view(*in[1]), view(*in[2]), view(o));
+  record("where", {c, a, b}, out, [](const engine::RunContext& ctx, const std::vector<StatePtr>& in, const ArrayState& o) {
+    ops::where(ctx, view(*in[0]), view(*in[1]), view(*in[2]), view(o));
   });
   return Access::wrap(out);
 }
@@ -621,8 +765,8 @@ NDArray matmul(const NDArray& x, const NDArray& y) {
   StatePtr a = dense(a0);
   StatePtr b = dense(b0);
   StatePtr out = new_array(s, a->dtype, dev, "matmul");
-  record("matmul", {a, b}, out, [](const std::vector<StatePtr>& in, const ArrayState& o) {
-    ops::cpu::matmul(view(*in[0]), view(*in[1]), view(o));
+  record("matmul", {a, b}, out, [](const engine::RunContext& ctx, const std::vector<StatePtr>& in, const ArrayState& o) {
+    ops::matmul(ctx, view(*in[0]), view(*in[1]), view(o));
   });
   return Access::wrap(out);
 }
@@ -658,17 +802,18 @@ NDArray concat(const std::vector<NDArray>& arrays, int axis) {
   for (const auto& a : in) reads.push_back(a->storage->var);
   const engine::Var writes[] = {out->storage->var};
   nd::engine().push(
-      [in, out, axis](const engine::RunContext&) {
+      [in, out, axis](const engine::RunContext& ctx) {
+        out->storage->ensure(ctx);
         std::int64_t at = 0;
         for (const auto& a : in) {
           ops::TensorView dst = view(*out);
           dst.shape[axis] = a->shape[axis];
           dst.offset += at * dst.strides[axis];
-          ops::cpu::copy_cast(view(*a), dst);
+          ops::copy_cast(ctx, view(*a), dst);
           at += a->shape[axis];
         }
       },
-      reads, writes, {.device = out->storage->device, .priority = 0, .name = "concat"});
+      reads, writes, push_options(out->storage->device, "concat", out->storage->bytes));
   return Access::wrap(out);
 }
 

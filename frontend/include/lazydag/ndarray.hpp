@@ -24,6 +24,14 @@ using engine::DeviceKind;
 /// The CPU device `id`. Distinct ids are distinct devices: data does not
 /// move between them implicitly, although they share the host's memory.
 [[nodiscard]] Device cpu(int id = 0);
+/// The emulated stream device `id` (0..7): runs the CPU kernels in stream
+/// order on executors of its own, with memory of its own; what a GPU does,
+/// on any machine (see docs/devices.md).
+[[nodiscard]] Device sim(int id = 0);
+/// The CUDA device `id`. Creating the handle never fails; the first op
+/// recorded on it throws BackendUnavailable (saying why) when this build or
+/// machine cannot run it.
+[[nodiscard]] Device gpu(int id = 0);
 
 namespace detail {
 struct Storage;
@@ -251,8 +259,11 @@ template <class T>
 void waitall(std::source_location where = std::source_location::current());
 /// The engine NDArrays record into: the process-wide Engine::get().
 [[nodiscard]] engine::Engine& engine();
-/// Bytes of array storage held by live arrays (or by ops not yet run).
+/// Bytes of host array storage held by live arrays (or by ops not yet run).
 [[nodiscard]] std::int64_t memory_in_use() noexcept;
+/// Bytes allocated on `dev` and not yet freed (freeing is recorded, so this
+/// drops once the frees have run). The host figure for a CPU device.
+[[nodiscard]] std::int64_t device_memory_in_use(Device dev);
 /// Bytes of freed storage kept by the host pool for reuse (at most 1 GiB).
 [[nodiscard]] std::int64_t memory_cached();
 /// Returns the pool's cached buffers to the system. Thread-safe.

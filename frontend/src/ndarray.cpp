@@ -31,6 +31,58 @@ Device gpu(int id) {
   return Device{DeviceKind::kGpu, id};
 }
 
+Device parse_device(std::string_view text) {
+  auto fail = [&]() -> Device {
+    throw InvalidArgument("'" + std::string(text) + "' is not a device (expected cpu(N), sim(N) or gpu(N))");
+  };
+  DeviceKind kind{};
+  std::string_view rest;
+  for (auto [name, k] : {std::pair{std::string_view("cpu"), DeviceKind::kCpu},
+                         std::pair{std::string_view("sim"), DeviceKind::kSim},
+                         std::pair{std::string_view("gpu"), DeviceKind::kGpu}}) {
+    if (text.substr(0, 3) == name) {
+      kind = k;
+      rest = text.substr(3);
+      break;
+    }
+  }
+  if (text.size() < 3 || (text.substr(0, 3) != "cpu" && text.substr(0, 3) != "sim" && text.substr(0, 3) != "gpu")) {
+    return fail();
+  }
+  int id = 0;
+  if (!rest.empty()) {
+    if (rest.size() < 3 || rest.front() != '(' || rest.back() != ')') return fail();
+    id = 0;
+    for (char c : rest.substr(1, rest.size() - 2)) {
+      if (c < '0' || c > '9' || id > 1000) return fail();
+      id = id * 10 + (c - '0');
+    }
+  }
+  return Device{kind, id};
+}
+
+namespace {
+std::atomic<std::uint32_t> g_default_device{0xFFFFFFFFU};  // kind << 16 | id; unset
+}  // namespace
+
+Device default_device() {
+  std::uint32_t v = g_default_device.load(std::memory_order_acquire);
+  if (v == 0xFFFFFFFFU) {
+    Device d = cpu();
+    if (const char* e = std::getenv("LAZYDAG_DEFAULT_DEVICE"); e != nullptr && *e != '\0') d = parse_device(e);
+    const std::uint32_t enc = static_cast<std::uint32_t>(d.kind) << 16 | static_cast<std::uint32_t>(d.id);
+    g_default_device.compare_exchange_strong(v, enc, std::memory_order_acq_rel);
+    v = g_default_device.load(std::memory_order_acquire);
+  }
+  return Device{static_cast<DeviceKind>(v >> 16), static_cast<int>(v & 0xFFFFU)};
+}
+
+void set_default_device(Device dev) {
+  if (dev.id < 0 || dev.id > 0xFFFF) throw InvalidArgument("set_default_device: bad id in " + dev.str());
+  g_default_device.store(static_cast<std::uint32_t>(dev.kind) << 16 | static_cast<std::uint32_t>(dev.id),
+                         std::memory_order_release);
+}
+
 namespace detail {
 
 namespace {

@@ -106,7 +106,7 @@ TEST_SUITE("ndarray") {
   }
 
   TEST_CASE("Arrays.DevicesAndCopies" * doctest::timeout(60)) {
-    NDArray x = nd::arange(0, 5, 1, DType::kFloat32);
+    NDArray x = nd::arange(0, 5, 1, DType::kFloat32, cpu());
     NDArray same = x.as_in_device(cpu());
     CHECK(same.shares_storage_with(x));  // no copy, nothing recorded
     const auto recorded = nd::engine().stats().nodes_recorded;

@@ -20,10 +20,10 @@ class MetricLog {
   using Sink = std::function<void(std::int64_t first_step, std::span<const double> values)>;
 
   /// Throws InvalidArgument when flush_every < 1 or the sink is empty.
-  MetricLog(std::string name, std::int64_t flush_every, Sink sink, Device dev = cpu());
+  MetricLog(std::string name, std::int64_t flush_every, Sink sink, Device dev = default_device());
   /// Appends "step,name,value" lines to `csv_path` (header when the file is new).
   MetricLog(std::string name, std::int64_t flush_every, const std::string& csv_path,
-            Device dev = cpu());
+            Device dev = default_device());
   /// Flushes what is pending (blocks); an error is printed, not thrown.
   ~MetricLog();
   MetricLog(const MetricLog&) = delete;

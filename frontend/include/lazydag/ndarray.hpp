@@ -10,6 +10,7 @@
 #include <span>
 #include <type_traits>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <lazydag/engine/engine.hpp>
@@ -32,6 +33,14 @@ using engine::DeviceKind;
 /// recorded on it throws BackendUnavailable (saying why) when this build or
 /// machine cannot run it.
 [[nodiscard]] Device gpu(int id = 0);
+/// Parses "cpu(0)", "sim(1)", "gpu(0)" (or "cpu", "sim", "gpu" for id 0);
+/// throws InvalidArgument otherwise.
+[[nodiscard]] Device parse_device(std::string_view text);
+/// Where creation functions put arrays when no device is given: cpu(0),
+/// or LAZYDAG_DEFAULT_DEVICE, or what set_default_device() set. Thread-safe.
+[[nodiscard]] Device default_device();
+/// Sets default_device() for the whole process. Thread-safe.
+void set_default_device(Device dev);
 
 namespace detail {
 struct Storage;
@@ -205,16 +214,16 @@ NDArray make_array(const void* data, DType t, const Shape& shape, Device dev);
 
 namespace nd {
 
-[[nodiscard]] NDArray zeros(const Shape& shape, DType t = DType::kFloat32, Device dev = cpu());
-[[nodiscard]] NDArray ones(const Shape& shape, DType t = DType::kFloat32, Device dev = cpu());
+[[nodiscard]] NDArray zeros(const Shape& shape, DType t = DType::kFloat32, Device dev = default_device());
+[[nodiscard]] NDArray ones(const Shape& shape, DType t = DType::kFloat32, Device dev = default_device());
 [[nodiscard]] NDArray full(const Shape& shape, double value, DType t = DType::kFloat32,
-                           Device dev = cpu());
+                           Device dev = default_device());
 /// [start, stop) by step, as a 1-D array.
 [[nodiscard]] NDArray arange(double start, double stop, double step = 1.0,
-                             DType t = DType::kFloat32, Device dev = cpu());
+                             DType t = DType::kFloat32, Device dev = default_device());
 /// An array holding a copy of `data` (row-major) with `shape`.
 template <class T>
-[[nodiscard]] NDArray array(const std::vector<T>& data, const Shape& shape, Device dev = cpu()) {
+[[nodiscard]] NDArray array(const std::vector<T>& data, const Shape& shape, Device dev = default_device()) {
   if constexpr (std::is_same_v<T, bool>) {
     std::vector<unsigned char> bytes(data.begin(), data.end());
     return detail::make_array(bytes.data(), DType::kBool, shape, dev);

@@ -1,0 +1,169 @@
+// The gpu suite: NDArray and the engine on a real CUDA device, compared with
+// the CPU on random inputs. Exits 77 (Meson's SKIP) when no CUDA device can
+// be used here, saying why.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <lazydag/engine/stream.hpp>
+#include <lazydag/lazydag.hpp>
+#include <lazydag/ops/kernels.hpp>
+
+#include "../frontend/reference.hpp"
+
+#include <cmath>
+#include <iostream>
+#include <string>
+#include <vector>
+
+using namespace lazydag;
+
+namespace {
+
+template <class T>
+void check_close(const std::vector<T>& got, const std::vector<T>& want, double rtol, double atol) {
+  REQUIRE(got.size() == want.size());
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double g = static_cast<double>(got[i]);
+    const double w = static_cast<double>(want[i]);
+    if (!(std::abs(g - w) <= atol + rtol * std::abs(w)) && !(std::isnan(g) && std::isnan(w))) ++bad;
+  }
+  CHECK(bad == 0);
+}
+
+}  // namespace
+
+TEST_SUITE("gpu") {
+  TEST_CASE("Gpu.CopiesKeepEveryValue" * doctest::timeout(120)) {
+    const std::vector<float> f = test::random_values<float>(1000, 1);
+    const std::vector<std::int64_t> i = test::random_values<std::int64_t>(1000, 2, -1e9, 1e9);
+    NDArray hf = nd::array(f, {10, 100}, cpu());
+    NDArray hi = nd::array(i, {1000}, cpu());
+    CHECK(hf.copyto(gpu(0)).to_vector<float>() == f);
+    CHECK(hi.copyto(gpu(0)).copyto(cpu(1)).to_vector<std::int64_t>() == i);
+    CHECK(hf.copyto(gpu(0)).copyto(sim(0)).copyto(gpu(0)).to_vector<float>() == f);
+    NDArray t = hf.copyto(gpu(0)).transpose().copyto(cpu());
+    CHECK(t.to_vector<float>() == hf.transpose().copy().to_vector<float>());
+    CHECK(nd::array(std::vector<bool>{true, false, true}, {3}, gpu(0)).to_vector<bool>() ==
+          std::vector<bool>{true, false, true});
+  }
+
+  TEST_CASE("Gpu.OpsMatchTheCpu" * doctest::timeout(120)) {
+    const std::vector<float> a = test::random_values<float>(96 * 64, 11);
+    const std::vector<float> b = test::random_values<float>(64 * 80, 12);
+    auto program = [](const NDArray& x, const NDArray& y) {
+      NDArray p = nd::matmul(x, y);
+      NDArray q = nd::tanh(p * 0.1) + nd::relu(p) - nd::sigmoid(p) / 3.0;
+      return nd::concat({q.sum(0, true), q.max(0, true), q.min(1, true).reshape({1, 96}).slice(1, 0, 80),
+                         q.mean(0, true)},
+                        0);
+    };
+    NDArray ha = nd::array(a, {96, 64}, cpu());
+    NDArray hb = nd::array(b, {64, 80}, cpu());
+    check_close(program(ha.copyto(gpu(0)), hb.copyto(gpu(0))).to_vector<float>(),
+                program(ha, hb).to_vector<float>(), 1e-4, 1e-4);
+    NDArray g = ha.copyto(gpu(0));
+    CHECK(g.argmax().item<std::int64_t>() == ha.argmax().item<std::int64_t>());
+    CHECK(g.argmax(1).to_vector<std::int64_t>() == ha.argmax(1).to_vector<std::int64_t>());
+    CHECK((g > 0.5).to_vector<bool>() == (ha > 0.5).to_vector<bool>());
+    CHECK(g.astype(DType::kInt32).to_vector<std::int32_t>() == ha.astype(DType::kInt32).to_vector<std::int32_t>());
+    CHECK(std::abs(g.sum().item<float>() - ha.sum().item<float>()) < 1e-2);
+    // the counter-based generator gives the CPU's numbers
+    CHECK(nd::random_uniform({4096}, gpu(0), 99).to_vector<float>() ==
+          nd::random_uniform({4096}, cpu(), 99).to_vector<float>());
+    check_close(nd::random_normal({4096}, gpu(0), 5, 0, 1, DType::kFloat64).to_vector<double>(),
+                nd::random_normal({4096}, cpu(), 5, 0, 1, DType::kFloat64).to_vector<double>(), 1e-12, 1e-12);
+    // integer arithmetic wraps as on the CPU
+    const std::vector<std::int32_t> big{2147483647, -2147483647 - 1, 7};
+    NDArray hb32 = nd::array(big, {3}, cpu());
+    CHECK((hb32.copyto(gpu(0)) + 1.0).to_vector<std::int32_t>() == (hb32 + 1.0).to_vector<std::int32_t>());
+  }
+
+  TEST_CASE("Gpu.DependentOpsNeedNoHostSync" * doctest::timeout(120)) {
+    NDArray x = nd::zeros({256}, DType::kFloat32, gpu(0));
+    nd::waitall();
+    const auto before = nd::engine().stats();
+    for (int i = 0; i < 2000; ++i) x += 1.0;
+    const auto mid = nd::engine().stats();
+    CHECK(mid.blocking_waits == before.blocking_waits);
+    CHECK(x.to_vector<float>() == std::vector<float>(256, 2000.0F));
+  }
+
+  TEST_CASE("Gpu.CrossStreamDependenciesUseEvents" * doctest::timeout(120)) {
+    // Producer on a compute stream, consumer on the copy-in stream, reader
+    // on the copy-out stream: only events order them, and no host waits
+    // until the last wait_to_read.
+    engine::Engine& eng = nd::engine();
+    constexpr std::int64_t kN = 1 << 22;
+    constexpr std::size_t kBytes = kN * sizeof(float);
+    auto view = [](void* p) { return ops::TensorView{p, DType::kFloat32, {kN}, {1}, 0}; };
+    auto on = [](engine::StreamKind k, const char* name) {
+      engine::PushOptions o;
+      o.device = gpu(0);
+      o.stream = k;
+      o.name = name;
+      return o;
+    };
+    for (int round = 1; round <= 10; ++round) {
+      const double v = round;
+      engine::Var a = eng.new_var();
+      engine::Var b = eng.new_var();
+      void* pa = nullptr;
+      void* pb = nullptr;
+      void* host = nullptr;
+      eng.push([&, v](const engine::RunContext& ctx) {
+        pa = ctx.stream_device->allocate(kBytes, ctx.stream);
+        ops::fill(ctx, view(pa), v);
+      }, {}, {a}, on(engine::StreamKind::kCompute, "produce"));
+      eng.push([&](const engine::RunContext& ctx) {
+        CHECK(ctx.stream_index == ctx.stream_device->copy_in_stream());
+        pb = ctx.stream_device->allocate(kBytes, ctx.stream);
+        ops::copy_cast(ctx, view(pa), view(pb));
+        ops::binary_scalar(ctx, ops::BinaryOp::kMul, view(pb), 2.0, false, view(pb));
+      }, {a}, {b}, on(engine::StreamKind::kCopyIn, "consume"));
+      eng.push([&](const engine::RunContext& ctx) {
+        host = ctx.stream_device->allocate_host(kBytes);
+        ops::copy_to_staging(ctx, host, pb, kBytes);
+      }, {b}, {b}, on(engine::StreamKind::kCopyOut, "read back"));
+      eng.wait_to_read(b);
+      const float* h = static_cast<const float*>(host);
+      bool ok = true;
+      for (std::int64_t i = 0; i < kN; i += 4099) ok = ok && h[i] == static_cast<float>(2 * v);
+      CHECK(ok);
+      engine::StreamDevice& dev = eng.stream_device(gpu(0));
+      eng.push([&](const engine::RunContext& ctx) {
+        ctx.stream_device->deallocate(pa, kBytes, ctx.stream);
+        ctx.stream_device->deallocate(pb, kBytes, ctx.stream);
+        ctx.stream_device->release_host(host, kBytes, ctx.stream);
+      }, {}, {a, b}, on(engine::StreamKind::kCompute, "free"));
+      eng.wait_to_read(a);
+      (void)dev;
+      eng.delete_var(a);
+      eng.delete_var(b);
+    }
+  }
+
+  TEST_CASE("Gpu.MemoryReturnsToThePool" * doctest::timeout(120)) {
+    nd::waitall();
+    const std::int64_t before = nd::device_memory_in_use(gpu(0));
+    {
+      NDArray a = nd::random_uniform({1024, 1024}, gpu(0), 1);
+      NDArray b = nd::matmul(a, a);
+      b.wait_to_read();
+      CHECK(nd::device_memory_in_use(gpu(0)) >= before + 2 * 1024 * 1024 * 4);
+    }
+    nd::waitall();
+    CHECK(nd::device_memory_in_use(gpu(0)) == before);
+  }
+}
+
+int main(int argc, char** argv) {
+  try {
+    (void)nd::engine().stream_device(gpu(0));
+  } catch (const BackendUnavailable& e) {
+    std::cout << "gpu suite skipped: " << e.what() << '\n';
+    return 77;
+  }
+  doctest::Context ctx(argc, argv);
+  return ctx.run();
+}

@@ -186,9 +186,7 @@ void CudaDevice::launch(int stream, std::span<const StreamEvent> waits, StreamTa
     std::lock_guard lk(done_mu_);
     pending_[static_cast<std::size_t>(stream)].push_back(&task);
   }
-  nvtxRangePushA("lazydag launch");
   task.run(RunContext{device(), s, -1, stream, this});
-  nvtxRangePop();
   // From here the node has run: failures are reported through completion.
   cudaError_t err = cudaEventRecord(e, s);
   if (err == cudaSuccess) {
@@ -335,5 +333,8 @@ void CudaDevice::release_host(void* p, std::size_t bytes, void* stream) noexcept
 std::unique_ptr<StreamDevice> make_cuda_device(int id, int compute_streams) {
   return std::make_unique<CudaDevice>(id, compute_streams);
 }
+
+void range_push(const char* name) noexcept { nvtxRangePushA(name); }
+void range_pop() noexcept { nvtxRangePop(); }
 
 }  // namespace lazydag::engine::detail

@@ -911,6 +911,7 @@ void EngineImpl::execute(Node* n, const RunContext& ctx) {
     n->worker = ctx.worker_index;
   }
   if (!err) {
+    range_push(n->name.c_str());
     try {
       n->fn(ctx);
     } catch (...) {
@@ -918,6 +919,7 @@ void EngineImpl::execute(Node* n, const RunContext& ctx) {
           ErrorRecord{n->name, std::current_exception(), n->seq, false});
       failed = true;
     }
+    range_pop();
   }
   if (profiling) n->t_end = profiler::detail::now_ns();
   for (VarState* v : n->writes) v->poison = err;  // a successful write clears it

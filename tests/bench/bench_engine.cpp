@@ -103,6 +103,24 @@ struct EngineBench {
     return since(t0);
   }
 
+  // A chain of kChain dependent nodes on stream devices: alternately on `a`
+  // and `b` (on one device: one stream, ordered by the stream; on two: an
+  // event wait per edge). Launch, device-side ordering and the completion
+  // report, per node.
+  double stream_chain(Device a, Device b, bool sync) {
+    Var x = vars[0];
+    std::uint64_t* s = &sink;
+    auto t0 = Clock::now();
+    for (int i = 0; i < kChain; ++i) {
+      PushOptions o;
+      o.device = i % 2 == 0 ? a : b;
+      eng.push([s](const RunContext&) { ++*s; }, {x}, {x}, o);
+      if (sync) eng.wait_to_read(x);
+    }
+    eng.waitall();
+    return since(t0);
+  }
+
   // Per wait: push one write of a var that nothing else touches, then
   // wait_to_read it; averaged over kFreshWaits waits with `unrelated` nodes
   // recorded and pending (lazy, unbounded window) the whole time.
@@ -270,6 +288,28 @@ int main() {
     }
   }
 
+  // Stream devices (the emulated sim device): per-node cost of launch +
+  // device ordering + completion, beside the CPU chain of the same engine.
+  std::vector<std::vector<double>> stream_ns;
+  const Device sim0{DeviceKind::kSim, 0};
+  const Device sim1{DeviceKind::kSim, 1};
+  const char* stream_workloads[] = {"sim_chain_async", "sim_chain_sync", "sim_cross_device"};
+  for (Policy policy : {Policy::kLazy, Policy::kEager}) {
+    EngineOptions o;
+    o.policy = policy;
+    o.num_threads = threads;
+    EngineBench b(o);
+    const std::string who = "policy=" + std::string(to_string(policy)) + " threads=" + std::to_string(threads);
+    const double t[] = {median_seconds([&] { return b.stream_chain(sim0, sim0, false); }),
+                        median_seconds([&] { return b.stream_chain(sim0, sim0, true); }),
+                        median_seconds([&] { return b.stream_chain(sim0, sim1, false); })};
+    stream_ns.emplace_back();
+    for (int i = 0; i < 3; ++i) {
+      line(stream_workloads[i], who, t[i], kChain);
+      stream_ns.back().push_back(t[i] / kChain * 1e9);
+    }
+  }
+
   // The same figures as a table (ns per op, medians; goals for 2 cores).
   const char* goals[] = {"-", "<= 100", "<= 200", "<= 200", "<= 250"};
   std::printf("\n%-12s %8s %10s %10s %10s %10s\n", "workload", "goal", "lazy", "eager",
@@ -277,6 +317,10 @@ int main() {
   for (std::size_t i = 0; i < peers.size(); ++i) {
     std::printf("%-12s %8s %10.1f %10.1f %10.1f %10.2f\n", peers[i].workload, goals[i],
                 engine_ns[0][i], engine_ns[1][i], peer_ns[i], engine_ns[0][i] / peer_ns[i]);
+  }
+  for (int i = 0; i < 3; ++i) {
+    std::printf("%-16s %4s %10.1f %10.1f %10s %10s\n", stream_workloads[i], "-", stream_ns[0][static_cast<std::size_t>(i)],
+                stream_ns[1][static_cast<std::size_t>(i)], "-", "-");
   }
   return 0;
 }

@@ -16,6 +16,7 @@
 #include <iostream>
 #include <limits>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -79,6 +80,9 @@ class CudaDevice final : public StreamDevice {
   const int compute_;
   std::vector<cudaStream_t> streams_;
   std::vector<Callback> callbacks_;  // one per stream: the host function's argument
+  // One launch at a time per stream: the order of `pending_` must be the
+  // stream's order, which the host functions report in.
+  std::vector<std::unique_ptr<std::mutex>> launch_mu_;
   cudaMemPool_t pool_ = nullptr;
   std::atomic<std::size_t> in_use_{0};
 
@@ -93,6 +97,7 @@ class CudaDevice final : public StreamDevice {
   std::condition_variable done_cv_;
   std::vector<std::deque<StreamTask*>> pending_;  // per stream, launch order
   std::vector<std::size_t> finished_;             // per stream: completions to report
+  std::map<StreamTask*, std::exception_ptr> late_errors_;  // launches that failed after run()
   bool stop_ = false;
   std::thread completer_;
 
@@ -122,7 +127,10 @@ CudaDevice::CudaDevice(int id, int compute_streams) : id_(id), compute_(compute_
   for (auto& s : streams_) {
     LAZYDAG_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "create stream");
   }
-  for (int i = 0; i < n; ++i) callbacks_.push_back(Callback{this, i});
+  for (int i = 0; i < n; ++i) {
+    callbacks_.push_back(Callback{this, i});
+    launch_mu_.push_back(std::make_unique<std::mutex>());
+  }
   pending_.resize(static_cast<std::size_t>(n));
   finished_.assign(static_cast<std::size_t>(n), 0);
   // Freed blocks stay in the pool (no release to the driver at each sync).
@@ -176,6 +184,7 @@ void CudaDevice::release_event(const StreamEvent& e) noexcept {
 void CudaDevice::launch(int stream, std::span<const StreamEvent> waits, StreamTask& task,
                         StreamEvent& done) {
   DeviceScope scope(id_);
+  std::lock_guard launch_lock(*launch_mu_[static_cast<std::size_t>(stream)]);
   cudaStream_t s = streams_[static_cast<std::size_t>(stream)];
   for (const StreamEvent& w : waits) {
     LAZYDAG_CUDA_CHECK(cudaStreamWaitEvent(s, static_cast<cudaEvent_t>(w.handle), 0),
@@ -197,10 +206,18 @@ void CudaDevice::launch(int stream, std::span<const StreamEvent> waits, StreamTa
     done = StreamEvent{};
   }
   if (err != cudaSuccess) {
-    // No host function will report it: the stream cannot be trusted; wait
-    // for it here (an error path) and report the failure.
+    // No host function will report it: wait for the stream here (an error
+    // path); the host functions of earlier launches have run by then, so
+    // one more count completes exactly this task.
     (void)cudaStreamSynchronize(s);
+    std::exception_ptr failure;
+    try {
+      cuda::throw_cuda_error(err, "record the completion of a launch", "gpu(" + std::to_string(id_) + ")");
+    } catch (...) {
+      failure = std::current_exception();
+    }
     std::lock_guard lk(done_mu_);
+    late_errors_[&task] = failure;
     finished_[static_cast<std::size_t>(stream)]++;
     done_cv_.notify_one();
   }
@@ -222,17 +239,23 @@ void CUDART_CB CudaDevice::on_host(void* data) {
 void CudaDevice::completer() {
   std::unique_lock lk(done_mu_);
   for (;;) {
-    std::vector<StreamTask*> ready;
+    std::vector<std::pair<StreamTask*, std::exception_ptr>> ready;
     for (std::size_t i = 0; i < pending_.size(); ++i) {
       while (finished_[i] != 0 && !pending_[i].empty()) {
         --finished_[i];
-        ready.push_back(pending_[i].front());
+        StreamTask* t = pending_[i].front();
         pending_[i].pop_front();
+        std::exception_ptr e;
+        if (auto it = late_errors_.find(t); it != late_errors_.end()) {
+          e = it->second;
+          late_errors_.erase(it);
+        }
+        ready.emplace_back(t, e);
       }
     }
     if (!ready.empty()) {
       lk.unlock();
-      for (StreamTask* t : ready) t->complete(nullptr);
+      for (auto& [t, e] : ready) t->complete(e);
       lk.lock();
       continue;
     }

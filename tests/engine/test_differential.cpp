@@ -267,7 +267,9 @@ TEST_SUITE("engine") {
       std::vector<std::string> refs;
       const int num_vars = 4 + seed % 9;
       for (int t = 0; t < kThreads; ++t) {
-        progs.push_back(make_program(static_cast<std::uint32_t>(seed * 31 + t), num_vars, 120, true));
+        // odd seeds also spread the ops over cpu(0), sim(0) and sim(1)
+        progs.push_back(make_program(static_cast<std::uint32_t>(seed * 31 + t), num_vars, 120, true,
+                                     seed % 2 == 1));
         EngineOptions naive;
         naive.policy = Policy::kNaive;
         Engine eng(naive);

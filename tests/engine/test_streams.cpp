@@ -193,7 +193,9 @@ TEST_SUITE("engine") {
         running.fetch_sub(1);
       }, {}, {v}, on(kSim0, StreamKind::kCompute, 1000));
     }
-    CHECK(test::spin_until([&] { return eb.stats().in_flight_stalls >= 1; }));
+    // A stall can be counted before the held node's predecessor in the
+    // bound has finished launching: wait for both.
+    CHECK(test::spin_until([&] { return eb.stats().nodes_launched == 1 && eb.stats().in_flight_stalls >= 1; }));
     CHECK(eb.stats().nodes_launched == 1);
     gate2.open();
     eb.waitall();

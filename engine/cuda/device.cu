@@ -1,8 +1,9 @@
 // The CUDA stream device gpu(n): non-blocking streams, pooled events without
-// timing, a stream-ordered memory pool (cudaMallocAsync), a pinned staging
+// timing (timing events only while the profiler runs), a stream-ordered memory pool (cudaMallocAsync), a pinned staging
 // pool, and completions reported to the scheduler by a completer thread fed
 // from host functions enqueued on the streams (no worker blocks on the GPU).
 #include "../src/cuda_backend.hpp"
+#include "../src/profiler_internal.hpp"
 #include "check.hpp"
 
 #include <cuda_runtime.h>
@@ -72,9 +73,19 @@ class CudaDevice final : public StreamDevice {
     CudaDevice* device;
     int stream;
   };
+  // A launch awaiting its completion; `t0`/`t1` bracket it on the stream
+  // (timing events) while the profiler runs.
+  struct Pending {
+    StreamTask* task;
+    cudaEvent_t t0;
+    cudaEvent_t t1;
+  };
   static void CUDART_CB on_host(void* data);
   void completer();
   cudaEvent_t acquire_event();
+  cudaEvent_t acquire_timing_event();
+  void start_clock(cudaStream_t s);
+  DeviceInterval interval(const Pending& p, bool measure) noexcept;
 
   const int id_;
   const int compute_;
@@ -88,6 +99,11 @@ class CudaDevice final : public StreamDevice {
 
   std::mutex events_mu_;
   std::vector<cudaEvent_t> free_events_;
+  std::vector<cudaEvent_t> free_timing_events_;
+  // The device's clock in the host's: `clock_` completed at `clock_ns_`
+  // (set at the first profiled launch, under events_mu_).
+  cudaEvent_t clock_ = nullptr;
+  std::uint64_t clock_ns_ = 0;
 
   // Completion: launches append to their stream's queue; a host function
   // enqueued after each launch says "the oldest on stream k is done"; the
@@ -95,7 +111,7 @@ class CudaDevice final : public StreamDevice {
   // functions may not call CUDA, so they only touch this queue.
   std::mutex done_mu_;
   std::condition_variable done_cv_;
-  std::vector<std::deque<StreamTask*>> pending_;  // per stream, launch order
+  std::vector<std::deque<Pending>> pending_;       // per stream, launch order
   std::vector<std::size_t> finished_;             // per stream: completions to report
   std::map<StreamTask*, std::exception_ptr> late_errors_;  // launches that failed after run()
   bool stop_ = false;
@@ -158,6 +174,8 @@ CudaDevice::~CudaDevice() {
     (void)cudaEventDestroy(b.ready);
   }
   for (cudaEvent_t e : free_events_) (void)cudaEventDestroy(e);
+  for (cudaEvent_t e : free_timing_events_) (void)cudaEventDestroy(e);
+  if (clock_ != nullptr) (void)cudaEventDestroy(clock_);
   for (cudaStream_t s : streams_) (void)cudaStreamDestroy(s);
 }
 
@@ -176,6 +194,59 @@ cudaEvent_t CudaDevice::acquire_event() {
   return e;
 }
 
+cudaEvent_t CudaDevice::acquire_timing_event() {
+  {
+    std::lock_guard lk(events_mu_);
+    if (!free_timing_events_.empty()) {
+      cudaEvent_t e = free_timing_events_.back();
+      free_timing_events_.pop_back();
+      return e;
+    }
+  }
+  cudaEvent_t e = nullptr;
+  LAZYDAG_CUDA_CHECK(cudaEventCreate(&e), "create timing event");
+  return e;
+}
+
+// Once per device, at the first profiled launch: an event whose completion
+// time is read on the host (one wait, then never again). Device times are
+// then this host time plus cudaEventElapsedTime from it; they are late by at
+// most the wait's wake-up latency, and lose resolution slowly with the
+// distance from it (float milliseconds: about 1 us after 100 s).
+void CudaDevice::start_clock(cudaStream_t s) {
+  std::lock_guard lk(events_mu_);
+  if (clock_ != nullptr) return;
+  cudaEvent_t e = nullptr;
+  LAZYDAG_CUDA_CHECK(cudaEventCreate(&e), "create timing event");
+  if (cudaError_t err = cudaEventRecord(e, s); err != cudaSuccess || cudaEventSynchronize(e) != cudaSuccess) {
+    (void)cudaEventDestroy(e);
+    cuda::throw_cuda_error(err != cudaSuccess ? err : cudaGetLastError(), "start the profiler's device clock",
+                           "gpu(" + std::to_string(id_) + ")");
+  }
+  clock_ns_ = profiler::detail::now_ns();
+  clock_ = e;
+}
+
+// Reads a completed launch's timing events (when `measure`) and returns
+// them to the pool.
+DeviceInterval CudaDevice::interval(const Pending& p, bool measure) noexcept {
+  DeviceInterval ran;
+  if (p.t0 == nullptr) return ran;
+  float ms0 = 0;
+  float ms1 = 0;
+  if (measure && cudaEventElapsedTime(&ms0, clock_, p.t0) == cudaSuccess &&
+      cudaEventElapsedTime(&ms1, clock_, p.t1) == cudaSuccess) {
+    ran.start_ns = clock_ns_ + static_cast<std::uint64_t>(static_cast<double>(ms0) * 1e6);
+    ran.end_ns = clock_ns_ + static_cast<std::uint64_t>(static_cast<double>(ms1) * 1e6);
+  } else if (measure) {
+    (void)cudaGetLastError();  // not measured: the node keeps its launch times
+  }
+  std::lock_guard lk(events_mu_);
+  free_timing_events_.push_back(p.t0);
+  free_timing_events_.push_back(p.t1);
+  return ran;
+}
+
 void CudaDevice::release_event(const StreamEvent& e) noexcept {
   std::lock_guard lk(events_mu_);
   free_events_.push_back(static_cast<cudaEvent_t>(e.handle));
@@ -191,13 +262,30 @@ void CudaDevice::launch(int stream, std::span<const StreamEvent> waits, StreamTa
                        "wait for a producer on another stream");
   }
   cudaEvent_t e = acquire_event();
+  Pending p{&task, nullptr, nullptr};
+  if (profiler::detail::on()) {
+    try {
+      start_clock(s);
+      p.t0 = acquire_timing_event();
+      p.t1 = acquire_timing_event();
+      LAZYDAG_CUDA_CHECK(cudaEventRecord(p.t0, s), "record a timing event");
+    } catch (...) {
+      release_event(StreamEvent{e, 0});
+      std::lock_guard lk(events_mu_);
+      for (cudaEvent_t t : {p.t0, p.t1}) {
+        if (t != nullptr) free_timing_events_.push_back(t);
+      }
+      throw;
+    }
+  }
   {
     std::lock_guard lk(done_mu_);
-    pending_[static_cast<std::size_t>(stream)].push_back(&task);
+    pending_[static_cast<std::size_t>(stream)].push_back(p);
   }
   task.run(RunContext{device(), s, -1, stream, this});
   // From here the node has run: failures are reported through completion.
-  cudaError_t err = cudaEventRecord(e, s);
+  cudaError_t err = p.t1 != nullptr ? cudaEventRecord(p.t1, s) : cudaSuccess;
+  if (err == cudaSuccess) err = cudaEventRecord(e, s);
   if (err == cudaSuccess) {
     done = StreamEvent{e, 0};
     err = cudaLaunchHostFunc(s, &CudaDevice::on_host, &callbacks_[static_cast<std::size_t>(stream)]);
@@ -237,25 +325,26 @@ void CUDART_CB CudaDevice::on_host(void* data) {
 // also looks for a sticky device error every 100 ms: a faulted kernel stops
 // the host functions, and the waits must fail instead of hanging.
 void CudaDevice::completer() {
+  (void)cudaSetDevice(id_);  // this thread serves one device (event timing, queries)
   std::unique_lock lk(done_mu_);
   for (;;) {
-    std::vector<std::pair<StreamTask*, std::exception_ptr>> ready;
+    std::vector<std::pair<Pending, std::exception_ptr>> ready;
     for (std::size_t i = 0; i < pending_.size(); ++i) {
       while (finished_[i] != 0 && !pending_[i].empty()) {
         --finished_[i];
-        StreamTask* t = pending_[i].front();
+        Pending p = pending_[i].front();
         pending_[i].pop_front();
         std::exception_ptr e;
-        if (auto it = late_errors_.find(t); it != late_errors_.end()) {
+        if (auto it = late_errors_.find(p.task); it != late_errors_.end()) {
           e = it->second;
           late_errors_.erase(it);
         }
-        ready.emplace_back(t, e);
+        ready.emplace_back(p, e);
       }
     }
     if (!ready.empty()) {
       lk.unlock();
-      for (auto& [t, e] : ready) t->complete(e);
+      for (auto& [p, e] : ready) p.task->complete(e, interval(p, !e));
       lk.lock();
       continue;
     }
@@ -282,11 +371,14 @@ void CudaDevice::completer() {
         }
         std::vector<StreamTask*> failed;
         for (auto& q : pending_) {
-          failed.insert(failed.end(), q.begin(), q.end());
+          for (const Pending& p : q) {
+            (void)interval(p, false);
+            failed.push_back(p.task);
+          }
           q.clear();
         }
         lk.unlock();
-        for (StreamTask* t : failed) t->complete(err);
+        for (StreamTask* t : failed) t->complete(err, DeviceInterval{});
         lk.lock();
       }
     }

@@ -144,7 +144,7 @@ struct NodeTask final : StreamTask {
   EngineImpl* engine = nullptr;
   Node* node = nullptr;
   void run(const RunContext& ctx) noexcept override;
-  void complete(std::exception_ptr async_error) noexcept override;
+  void complete(std::exception_ptr async_error, DeviceInterval ran) noexcept override;
 };
 
 struct Node {
@@ -176,6 +176,8 @@ struct Node {
   std::uint64_t t_ready = 0;
   std::uint64_t t_start = 0;
   std::uint64_t t_end = 0;
+  std::uint64_t t_launch_start = 0;  // stream nodes: the host's part (enqueue)
+  std::uint64_t t_launch_end = 0;
   int worker = -1;
   // Stream devices. An edge between two stream-device nodes is satisfied when
   // the producer is launched (the consumer's stream waits for its event);
@@ -272,7 +274,7 @@ class EngineImpl {
   StreamDevice& stream_device(Device d);
   // Called by NodeTask: the node's function in stream order, and its completion.
   void run_on_stream(Node* n, const RunContext& ctx);
-  void stream_complete(Node* n, std::exception_ptr async_error);
+  void stream_complete(Node* n, std::exception_ptr async_error, DeviceInterval ran);
 
   const EngineOptions options_;
   const int num_threads_;
@@ -579,8 +581,15 @@ void EngineImpl::mark_launched(Node* n) {
 
 void EngineImpl::run_on_stream(Node* n, const RunContext& ctx) { execute(n, ctx); }
 
-void EngineImpl::stream_complete(Node* n, std::exception_ptr async_error) {
+void EngineImpl::stream_complete(Node* n, std::exception_ptr async_error, DeviceInterval ran) {
   Lock lk(mu_);
+  if (n->t_end != 0 && ran.end_ns != 0) {
+    // The profiler shows the device's interval; the host's is the launch.
+    n->t_launch_start = n->t_start;
+    n->t_launch_end = n->t_end;
+    n->t_start = ran.start_ns;
+    n->t_end = ran.end_ns;
+  }
   if (async_error && !n->error) {
     // Reported only now: consumers already launched on the device ran on
     // what it left; the waits report this error (and a CUDA context error
@@ -606,8 +615,8 @@ void EngineImpl::stream_complete(Node* n, std::exception_ptr async_error) {
 }
 
 void NodeTask::run(const RunContext& ctx) noexcept { engine->run_on_stream(node, ctx); }
-void NodeTask::complete(std::exception_ptr async_error) noexcept {
-  engine->stream_complete(node, std::move(async_error));
+void NodeTask::complete(std::exception_ptr async_error, DeviceInterval ran) noexcept {
+  engine->stream_complete(node, std::move(async_error), ran);
 }
 
 // ---- vars ----------------------------------------------------------------
@@ -941,6 +950,12 @@ void EngineImpl::trace(const Node* n) const {
   e.t_ready = n->t_ready != 0 ? n->t_ready : n->t_start;
   e.t_start = n->t_start;
   e.t_end = n->t_end;
+  if (n->sdev != nullptr) {
+    e.stream = n->stream;
+    e.compute_streams = n->sdev->num_compute_streams();
+    e.t_launch_start = n->t_launch_start;
+    e.t_launch_end = n->t_launch_end;
+  }
   e.ids.reserve(n->reads.size() + n->writes.size() + n->preds.size());
   for (const VarState* v : n->reads) e.ids.push_back(v->handle.index);
   for (const VarState* v : n->writes) e.ids.push_back(v->handle.index);
@@ -956,7 +971,7 @@ void EngineImpl::complete(Node* n) {
   n->state = NodeState::kDone;
   if (n->t_end != 0) {
     trace(n);
-    n->t_push = n->t_ready = n->t_start = n->t_end = 0;
+    n->t_push = n->t_ready = n->t_start = n->t_end = n->t_launch_start = n->t_launch_end = 0;
   }
   if (n->failed) {
     ++stats_.nodes_run;

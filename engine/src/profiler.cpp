@@ -2,12 +2,15 @@
 #include <lazydag/engine/error.hpp>
 #include <lazydag/engine/profiler.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <unordered_map>
 
@@ -131,7 +134,9 @@ std::string json_string(const std::string& s) {
 
 std::string us(std::uint64_t ns, std::uint64_t base) {
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3f", static_cast<double>(ns - base) / 1000.0);
+  // Signed: clocks of different sources (host, device) may disagree slightly.
+  std::snprintf(buf, sizeof buf, "%.3f",
+                static_cast<double>(static_cast<std::int64_t>(ns - base)) / 1000.0);
   return buf;
 }
 
@@ -177,18 +182,41 @@ void dump(const std::string& path) {
     }
   }
   std::uint64_t base = UINT64_MAX;
+  // A CPU node is shown on the thread that ran it; a stream-device node on a
+  // track of its stream ("gpu(0) stream 1", "sim(0) copy in"), whichever
+  // thread reported it, with the device's interval.
+  int next_tid = 1;
+  for (const auto& t : taken) next_tid = std::max(next_tid, t.tid + 1);
+  std::map<std::pair<std::string, int>, std::pair<int, std::string>> stream_tracks;
+  auto track_of = [&](const Taken& t, const detail::NodeEvent& e) {
+    if (e.stream < 0) return t.tid;
+    auto [it, fresh] = stream_tracks.try_emplace({e.device.str(), e.stream});
+    if (fresh) {
+      const std::string kind = e.stream < e.compute_streams       ? "stream " + std::to_string(e.stream)
+                               : e.stream == e.compute_streams ? std::string("copy in")
+                                                               : std::string("copy out");
+      it->second = {next_tid++, e.device.str() + " " + kind};
+    }
+    return it->second.first;
+  };
   // Where each node ran, for the flow arrows from producer to consumer.
   struct Where {
     int tid;
     std::uint64_t end;
   };
   std::unordered_map<std::uint64_t, std::unordered_map<std::uint64_t, Where>> ran;
+  std::set<int> thread_tracks;  // threads with something on their own track
   for (const auto& t : taken) {
     t.nodes.for_each([&](const detail::NodeEvent& e) {
       base = std::min(base, e.t_push);
-      ran[e.engine][e.id] = Where{t.tid, e.t_end};
+      if (e.t_launch_start != 0) base = std::min(base, e.t_launch_start);
+      base = std::min(base, e.t_start);
+      const int tid = track_of(t, e);
+      if (tid == t.tid) thread_tracks.insert(t.tid);
+      ran[e.engine][e.id] = Where{tid, e.t_end};
     });
     t.frontend.for_each([&](const detail::FrontendEvent& e) { base = std::min(base, e.t0); });
+    if (t.frontend.size() != 0) thread_tracks.insert(t.tid);
   }
   if (base == UINT64_MAX) base = 0;
 
@@ -201,10 +229,15 @@ void dump(const std::string& path) {
   };
   emit("{\"ph\":\"M\",\"pid\":1,\"name\":\"process_name\",\"args\":{\"name\":\"lazydag\"}}");
   std::uint64_t flow = 0;
+  auto name_track = [&](int tid, const std::string& name) {
+    emit("{\"ph\":\"M\",\"pid\":1,\"tid\":" + std::to_string(tid) +
+         ",\"name\":\"thread_name\",\"args\":{\"name\":" + json_string(name) + "}}");
+  };
+  for (const auto& [key, track] : stream_tracks) name_track(track.first, track.second);
   for (const auto& t : taken) {
-    emit("{\"ph\":\"M\",\"pid\":1,\"tid\":" + std::to_string(t.tid) +
-         ",\"name\":\"thread_name\",\"args\":{\"name\":" + json_string(t.name) + "}}");
+    if (thread_tracks.count(t.tid) != 0) name_track(t.tid, t.name);
     t.nodes.for_each([&](const detail::NodeEvent& e) {
+      const int tid = ran[e.engine][e.id].tid;
       const std::size_t r_end = e.num_reads;
       const std::size_t w_end = r_end + e.num_writes;
       std::string args = "{\"id\":" + std::to_string(e.id) + ",\"engine\":" + std::to_string(e.engine) +
@@ -214,8 +247,16 @@ void dump(const std::string& path) {
                          ",\"preds\":" + json_list(e.ids, w_end, e.ids.size()) +
                          ",\"push_us\":" + us(e.t_push, base) + ",\"ready_us\":" + us(e.t_ready, base) +
                          ",\"queued_us\":" + us(e.t_start, e.t_ready) + ",\"status\":" +
-                         json_string(e.failed ? "failed" : e.skipped ? "skipped" : "ok") + "}";
-      emit("{\"ph\":\"X\",\"cat\":\"op\",\"pid\":1,\"tid\":" + std::to_string(t.tid) +
+                         json_string(e.failed ? "failed" : e.skipped ? "skipped" : "ok");
+      if (e.stream >= 0) {
+        args += ",\"stream\":" + std::to_string(e.stream);
+        if (e.t_launch_end != 0) {
+          args += ",\"launch_us\":" + us(e.t_launch_start, base) +
+                  ",\"launch_dur_us\":" + us(e.t_launch_end, e.t_launch_start);
+        }
+      }
+      args += "}";
+      emit("{\"ph\":\"X\",\"cat\":\"op\",\"pid\":1,\"tid\":" + std::to_string(tid) +
            ",\"name\":" + json_string(e.name) + ",\"ts\":" + us(e.t_start, base) +
            ",\"dur\":" + us(e.t_end, e.t_start) + ",\"args\":" + args + "}");
       for (std::size_t pi = w_end; pi < e.ids.size(); ++pi) {
@@ -229,7 +270,7 @@ void dump(const std::string& path) {
              std::to_string(it->second.tid) + ",\"ts\":" +
              us(it->second.end > base ? it->second.end - 1 : it->second.end, base) + "}");
         emit("{\"ph\":\"f\",\"bp\":\"e\",\"cat\":\"dep\",\"name\":\"dep\",\"id\":" + id +
-             ",\"pid\":1,\"tid\":" + std::to_string(t.tid) + ",\"ts\":" + us(e.t_start, base) + "}");
+             ",\"pid\":1,\"tid\":" + std::to_string(tid) + ",\"ts\":" + us(e.t_start, base) + "}");
       }
     });
     t.frontend.for_each([&](const detail::FrontendEvent& e) {

@@ -32,6 +32,12 @@ struct NodeEvent {
   std::uint64_t t_ready = 0;
   std::uint64_t t_start = 0;
   std::uint64_t t_end = 0;
+  // Stream-device nodes: their stream (shown as a track of its own, with
+  // the device's interval) and the host's launch interval; -1 for CPU nodes.
+  int stream = -1;
+  int compute_streams = 0;
+  std::uint64_t t_launch_start = 0;
+  std::uint64_t t_launch_end = 0;
   // read var indices, then written var indices, then predecessor ids: one
   // allocation per event instead of three
   std::vector<std::uint64_t> ids;

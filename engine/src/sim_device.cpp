@@ -1,5 +1,6 @@
 // The emulated stream device: FIFO executors, watermark events, own memory.
 #include "sim_device.hpp"
+#include "profiler_internal.hpp"
 
 #include <chrono>
 #include <cstdlib>
@@ -84,10 +85,15 @@ void SimDevice::executor(Stream& s) {
     if (max_delay_us_ != 0) {
       std::this_thread::sleep_for(std::chrono::microseconds(rng() % (max_delay_us_ + 1)));
     }
+    // The executor's clock is the device's: the op's interval is its run.
+    const bool timed = profiler::detail::on();
+    DeviceInterval ran;
+    if (timed) ran.start_ns = profiler::detail::now_ns();
     item.task->run(RunContext{device(), &s, -1, s.index, this});
+    if (timed) ran.end_ns = profiler::detail::now_ns();
     s.completed.store(item.ticket, std::memory_order_release);
     s.completed.notify_all();
-    item.task->complete(nullptr);
+    item.task->complete(nullptr, ran);
   }
 }
 

@@ -4,18 +4,28 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include <lazydag/engine/profiler.hpp>
 #include <lazydag/engine/stream.hpp>
 #include <lazydag/lazydag.hpp>
 #include <lazydag/ops/kernels.hpp>
 
 #include "../frontend/reference.hpp"
 
+#include <boost/property_tree/json_parser.hpp>
+#include <boost/property_tree/ptree.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <map>
 #include <iostream>
 #include <string>
 #include <vector>
 
 using namespace lazydag;
+namespace pt = boost::property_tree;
 
 namespace {
 
@@ -141,6 +151,47 @@ TEST_SUITE("gpu") {
       eng.delete_var(a);
       eng.delete_var(b);
     }
+  }
+
+  TEST_CASE("Gpu.ProfilerShowsDeviceTimesOnStreamTracks" * doctest::timeout(120)) {
+    const std::string path = "lazydag_gpu_trace_" + std::to_string(::getpid()) + ".json";
+    nd::waitall();
+    profiler::dump(path);  // drop earlier events
+    NDArray a = nd::random_uniform({2048, 2048}, gpu(0), 3);
+    a.wait_to_read();
+    profiler::start();
+    NDArray b = nd::matmul(a, a);
+    NDArray c = nd::matmul(b, a);
+    c.wait_to_read();
+    profiler::stop();
+    profiler::dump(path);
+    pt::ptree root;
+    REQUIRE_NOTHROW(pt::read_json(path, root));
+    std::map<int, std::string> tracks;
+    std::vector<pt::ptree> matmuls;
+    for (const auto& [k, ev] : root.get_child("traceEvents")) {
+      const std::string ph = ev.get<std::string>("ph");
+      if (ph == "M" && ev.get<std::string>("name") == "thread_name") {
+        tracks[std::stoi(ev.get<std::string>("tid"))] = ev.get<std::string>("args.name");
+      }
+      if (ph == "X" && ev.get<std::string>("cat", "") == "op" && ev.get<std::string>("name") == "matmul") {
+        matmuls.push_back(ev);
+      }
+    }
+    REQUIRE(matmuls.size() == 2);
+    auto num = [](const pt::ptree& ev, const char* key) { return std::stod(ev.get<std::string>(key)); };
+    for (const auto& m : matmuls) {
+      CHECK(tracks[std::stoi(m.get<std::string>("tid"))].rfind("gpu(0) stream ", 0) == 0);
+      // the device ran it after the host began to enqueue it, for about
+      // 2 * 2048^3 flops: longer than a microsecond on any GPU
+      CHECK(num(m, "ts") >= num(m, "args.launch_us"));
+      CHECK(num(m, "dur") > 1.0);
+    }
+    const double first_end = std::min(num(matmuls[0], "ts") + num(matmuls[0], "dur"),
+                                       num(matmuls[1], "ts") + num(matmuls[1], "dur"));
+    const double second_start = std::max(num(matmuls[0], "ts"), num(matmuls[1], "ts"));
+    CHECK(first_end <= second_start + 1.0);  // c = b * a ran after b, within the clock's resolution
+    std::remove(path.c_str());
   }
 
   TEST_CASE("Gpu.MemoryReturnsToThePool" * doctest::timeout(120)) {

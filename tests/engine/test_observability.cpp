@@ -13,12 +13,14 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
+#include <vector>
 
 #include "support.hpp"
 
@@ -110,6 +112,92 @@ TEST_SUITE("engine") {
         for (const auto& t : thread_names) has_worker_or_frontend |= !t.empty();
         CHECK(has_worker_or_frontend);
       }
+      std::filesystem::remove(path);
+    }
+  }
+
+  TEST_CASE("Observability.StreamNodesHaveTracksOfTheirStreams" * doctest::timeout(60)) {
+    const Device sim0{DeviceKind::kSim, 0};
+    auto on = [&](StreamKind k, const char* name) {
+      PushOptions o;
+      o.device = sim0;
+      o.stream = k;
+      o.name = name;
+      return o;
+    };
+    for (const auto& cfg : test::all_configs()) {
+      CAPTURE(cfg.str());
+      const std::string path = temp_path("lazydag_stream_trace") + ".json";
+      profiler::dump(path);  // drop whatever an earlier case left
+      Engine eng(cfg.options());
+      profiler::start();
+      Var x = eng.new_var();
+      Var y = eng.new_var();
+      Var z = eng.new_var();
+      Var w = eng.new_var();
+      auto nop = [](const RunContext&) {};
+      // a and b have no producer: spread over the two compute streams; c
+      // follows one of them (or, finished both, takes the next stream) and
+      // waits for the other's event; d on the CPU.
+      eng.push(nop, {}, {w}, on(StreamKind::kCopyIn, "in"));
+      eng.push(nop, {}, {x}, on(StreamKind::kCompute, "a"));
+      eng.push(nop, {}, {y}, on(StreamKind::kCompute, "b"));
+      eng.push(nop, {x, y, w}, {z}, on(StreamKind::kCompute, "c"));
+      for (int i = 0; i < 20; ++i) eng.push(nop, {z}, {z}, on(StreamKind::kCompute, "more"));
+      eng.push(nop, {z}, {x}, {.name = "d"});
+      eng.waitall();
+      profiler::stop();
+      profiler::dump(path);
+
+      pt::ptree root;
+      REQUIRE_NOTHROW(pt::read_json(path, root));
+      std::map<std::string, int> track_of_name;  // track name -> tid
+      std::map<std::string, pt::ptree> ops;
+      std::map<int, std::vector<std::pair<double, double>>> intervals;  // tid -> [ts, end)
+      auto num = [](const pt::ptree& ev, const char* key) { return std::stod(ev.get<std::string>(key)); };
+      for (const auto& [k, ev] : root.get_child("traceEvents")) {
+        const std::string ph = ev.get<std::string>("ph");
+        if (ph == "M" && ev.get<std::string>("name") == "thread_name") {
+          track_of_name[ev.get<std::string>("args.name")] = std::stoi(ev.get<std::string>("tid"));
+        }
+        if (ph == "X" && ev.get<std::string>("cat", "") == "op") {
+          ops[ev.get<std::string>("name")] = ev;
+          intervals[std::stoi(ev.get<std::string>("tid"))].emplace_back(num(ev, "ts"),
+                                                                         num(ev, "ts") + num(ev, "dur"));
+        }
+      }
+      REQUIRE(ops.size() == 6);
+      for (const char* t : {"sim(0) stream 0", "sim(0) stream 1", "sim(0) copy in"}) {
+        CAPTURE(t);
+        CHECK(track_of_name.count(t) == 1);
+      }
+      auto tid = [&](const char* op) { return std::stoi(ops[op].get<std::string>("tid")); };
+      CHECK(tid("in") == track_of_name["sim(0) copy in"]);
+      CHECK(tid("a") != tid("b"));
+      CHECK((tid("c") == tid("a") || tid("c") == tid("b")));
+      for (const char* op : {"in", "a", "b", "c"}) {
+        CAPTURE(op);
+        CHECK(ops[op].get<std::string>("args.device") == "sim(0)");
+        CHECK(ops[op].get_child_optional("args.stream").has_value());
+        CHECK(ops[op].get_child_optional("args.launch_us").has_value());
+      }
+      // the CPU node is on a thread's track, not a stream's
+      CHECK_FALSE(ops["d"].get_child_optional("args.stream").has_value());
+      for (const auto& [name, t] : track_of_name) {
+        if (name.rfind("sim(", 0) == 0) CHECK(tid("d") != t);
+      }
+      // a stream runs one op at a time, in order; an event wait orders a
+      // consumer after its producers on other streams
+      for (auto& [t, iv] : intervals) {
+        if (t == tid("d")) continue;
+        std::sort(iv.begin(), iv.end());
+        for (std::size_t i = 1; i < iv.size(); ++i) CHECK(iv[i - 1].second <= iv[i].first);
+      }
+      auto end = [&](const char* op) { return num(ops[op], "ts") + num(ops[op], "dur"); };
+      CHECK(end("a") <= num(ops["c"], "ts"));
+      CHECK(end("b") <= num(ops["c"], "ts"));
+      CHECK(end("in") <= num(ops["c"], "ts"));
+      CHECK(end("more") <= num(ops["d"], "ts"));
       std::filesystem::remove(path);
     }
   }

@@ -20,6 +20,14 @@ struct StreamEvent {
   std::uint64_t value = 0;
 };
 
+/// When a launched node ran on the device, in the profiler's clock
+/// (std::chrono::steady_clock, ns). Both zero: not measured (the profiler
+/// was off at launch).
+struct DeviceInterval {
+  std::uint64_t start_ns = 0;
+  std::uint64_t end_ns = 0;
+};
+
 /// A launched node as the backend sees it. The engine owns it until
 /// complete() has been called.
 class StreamTask {
@@ -31,8 +39,11 @@ class StreamTask {
   virtual void run(const RunContext& ctx) noexcept = 0;
   /// Called once, from a backend thread, when everything run() enqueued has
   /// finished on the device; `async_error` is a failure the device reported
-  /// only then (null when none). Must not call back into the backend.
-  virtual void complete(std::exception_ptr async_error) noexcept = 0;
+  /// only then (null when none), `ran` when the device ran it (measured
+  /// while the profiler runs: CUDA timing events around the launch, the
+  /// executor's clock on the emulated device). Must not call back into the
+  /// backend.
+  virtual void complete(std::exception_ptr async_error, DeviceInterval ran) noexcept = 0;
 
  protected:
   ~StreamTask() = default;

@@ -217,6 +217,13 @@ struct Waiter {
   std::uint32_t tag = 0;
   bool available = false;        // asleep (or about to look for work): hand it work
   bool in_use = false;           // pooled: condition variables allocate, waits must not
+  // Set (under the graph mutex) by every wake-up: a waiter spinning outside
+  // the mutex sees it without sleeping.
+  std::atomic<bool> signal{false};
+  void wake() {
+    signal.store(true, std::memory_order_release);
+    cv.notify_one();
+  }
 };
 
 namespace {
@@ -285,6 +292,8 @@ class EngineImpl {
   static constexpr std::uint32_t kVarChunk = 4096;
   static constexpr std::uint32_t kNodeBlock = 256;
   static constexpr std::uint32_t kMaxBatch = 16;
+  // How long a wait for a node its device is running spins before sleeping.
+  static constexpr std::chrono::microseconds kDeviceWaitSpin{50};
 
   VarState& slot(std::uint32_t index) { return var_chunks_[index / kVarChunk][index % kVarChunk]; }
   VarState* checked_var(Var v, std::string_view call, std::string_view op = {});
@@ -850,7 +859,7 @@ void EngineImpl::make_ready(Node* n) {
       ++n->refs;
       if (w->available) {
         w->available = false;
-        w->cv.notify_one();
+        w->wake();
         return;
       }
     }
@@ -862,7 +871,7 @@ void EngineImpl::make_ready(Node* n) {
       Waiter* w = wp.get();
       if (w->in_use && w->mode != WaitMode::kNode && w->available) {
         w->available = false;
-        w->cv.notify_one();
+        w->wake();
         return;
       }
     }
@@ -1001,20 +1010,20 @@ void EngineImpl::complete(Node* n) {
   }
   if (n->waiters != 0) {
     for (auto& wp : waiters_) {
-      if (wp->in_use && wp->target == n) wp->cv.notify_one();
+      if (wp->in_use && wp->target == n) wp->wake();
     }
   }
   if (all_waiters_ != 0) {
     for (auto& wp : waiters_) {
       if (wp->in_use && wp->mode == WaitMode::kAll &&
           (live_head_ == nullptr || live_head_->seq >= wp->all_before)) {
-        wp->cv.notify_one();
+        wp->wake();
       }
     }
   }
   if (throttle_waiters_ != 0 && live_count_ <= options_.max_pending) {
     for (auto& wp : waiters_) {
-      if (wp->in_use && wp->mode == WaitMode::kThrottle) wp->cv.notify_one();
+      if (wp->in_use && wp->mode == WaitMode::kThrottle) wp->wake();
     }
   }
   release(n);  // the unfinished ref (the runner's is dropped by finish_node)
@@ -1118,6 +1127,7 @@ bool EngineImpl::help_until(Waiter& w, Lock& lk, Done done, bool watchdog) {
       std::chrono::steady_clock::now() +
       std::chrono::duration_cast<std::chrono::steady_clock::duration>(
           std::chrono::duration<double>(timed ? options_.watchdog_seconds : 0.0));
+  bool spun = false;
   for (;;) {
     if (done()) return true;
     if (w.mode == WaitMode::kNode) {
@@ -1143,6 +1153,25 @@ bool EngineImpl::help_until(Waiter& w, Lock& lk, Done done, bool watchdog) {
     }
     flush_spawns(lk);
     if (done()) return true;
+    if (!spun && w.mode == WaitMode::kNode && w.target->sdev != nullptr &&
+        w.target->state == NodeState::kLaunched) {
+      // Its device is running it: spin briefly before sleeping (as CUDA's
+      // default schedule does), since waking a sleeping thread costs more
+      // than a short op on the device. Any wake-up ends the spin.
+      spun = true;
+      w.signal.store(false, std::memory_order_relaxed);
+      w.available = true;
+      lk.unlock();
+      const auto until = std::chrono::steady_clock::now() + kDeviceWaitSpin;
+      while (!w.signal.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until) {
+        std::this_thread::yield();
+      }
+      lk.lock();
+      w.available = false;
+      spun = !w.signal.load(std::memory_order_relaxed);  // woken: it may spin again
+      continue;
+    }
+    spun = false;
     w.available = true;
     if (timed) {
       if (w.cv.wait_until(lk, deadline) == std::cv_status::timeout && !done()) {

@@ -8,11 +8,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace lazydag::engine;
@@ -310,6 +313,42 @@ int main() {
     }
   }
 
+  // The wake-up cost behind a synchronous op on a stream device: one round
+  // trip between two threads that sleep on a condition variable between
+  // turns (the frontend wakes the stream's executor, which wakes the
+  // frontend when done). Waits for a launched node spin briefly first, so
+  // sim_chain_sync can beat it.
+  const double handoff = median_seconds([&] {
+    std::mutex m;
+    std::condition_variable cv;
+    int turn = 0;
+    std::thread other([&] {
+      std::unique_lock lk(m);
+      for (int i = 0; i < kChain; ++i) {
+        cv.wait(lk, [&] { return turn == 1; });
+        turn = 0;
+        cv.notify_one();
+      }
+    });
+    auto t0 = Clock::now();
+    {
+      std::unique_lock lk(m);
+      for (int i = 0; i < kChain; ++i) {
+        turn = 1;
+        cv.notify_one();
+        cv.wait(lk, [&] { return turn == 0; });
+      }
+    }
+    const double t = since(t0);
+    other.join();
+    return t;
+  }) / kChain * 1e9;
+  std::printf("bench=engine workload=thread_roundtrip peer=condition_variable ns_per_roundtrip=%.1f\n", handoff);
+  for (int p = 0; p < 2; ++p) {
+    std::printf("bench=engine workload=sim_chain_sync policy=%s threads=%d ratio_vs_roundtrip=%.2f\n",
+                p == 0 ? "lazy" : "eager", threads, stream_ns[static_cast<std::size_t>(p)][1] / handoff);
+  }
+
   // The same figures as a table (ns per op, medians; goals for 2 cores).
   const char* goals[] = {"-", "<= 100", "<= 200", "<= 200", "<= 250"};
   std::printf("\n%-12s %8s %10s %10s %10s %10s\n", "workload", "goal", "lazy", "eager",
@@ -322,5 +361,7 @@ int main() {
     std::printf("%-16s %4s %10.1f %10.1f %10s %10s\n", stream_workloads[i], "-", stream_ns[0][static_cast<std::size_t>(i)],
                 stream_ns[1][static_cast<std::size_t>(i)], "-", "-");
   }
+  std::printf("%-16s %4s %10.1f  (two threads that sleep between turns: the wake-up cost behind sim_chain_sync)\n",
+              "thread_roundtrip", "-", handoff);
   return 0;
 }

@@ -5,34 +5,21 @@
 #include <stdexcept>
 #include <type_traits>
 
+#include "../src/element.hpp"
 #include "iterate.hpp"
 
 namespace lazydag::ops::cpu {
 
+using ops::detail::apply_compare;
 using detail::broadcast_strides;
+using ops::detail::convert_value;
 using detail::for_each;
 using detail::typed;
+using ops::detail::wrap_add;
+using ops::detail::wrap_mul;
+using ops::detail::wrap_sub;
 
 namespace {
-
-// Integer arithmetic wraps around (two's complement) instead of being
-// undefined on overflow: the operation is done in the unsigned type.
-template <class T>
-T wrap_add(T a, T b) {
-  using U = std::make_unsigned_t<T>;
-  return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
-}
-template <class T>
-T wrap_sub(T a, T b) {
-  using U = std::make_unsigned_t<T>;
-  return static_cast<T>(static_cast<U>(static_cast<U>(a) - static_cast<U>(b)));
-}
-template <class T>
-T wrap_mul(T a, T b) {
-  using U = std::make_unsigned_t<T>;
-  using W = std::conditional_t<(sizeof(U) < sizeof(unsigned)), unsigned, U>;
-  return static_cast<T>(static_cast<U>(static_cast<W>(static_cast<U>(a)) * static_cast<W>(static_cast<U>(b))));
-}
 
 template <class T>
 T apply_unary(UnaryOp op, T x) {
@@ -91,36 +78,6 @@ T apply_binary(BinaryOp op, T a, T b) {
       case BinaryOp::kMin: return b < a ? b : a;
     }
     throw std::logic_error("binary op not defined for this dtype");
-  }
-}
-
-template <class T>
-bool apply_compare(CompareOp op, T a, T b) {
-  switch (op) {
-    case CompareOp::kEq: return a == b;
-    case CompareOp::kNe: return a != b;
-    case CompareOp::kLt: return a < b;
-    case CompareOp::kLe: return a <= b;
-    case CompareOp::kGt: return a > b;
-    case CompareOp::kGe: return a >= b;
-  }
-  return false;
-}
-
-// Float-to-integer conversion is defined for every value (a plain cast of
-// NaN or an out-of-range value is undefined behaviour): NaN becomes 0 and
-// values beyond the type's range saturate.
-template <class D, class S>
-D convert_value(S v) {
-  if constexpr (std::is_same_v<D, bool>) {
-    return v != S(0);
-  } else if constexpr (std::is_integral_v<D> && std::is_floating_point_v<S>) {
-    if (v != v) return D(0);
-    if (v <= static_cast<S>(std::numeric_limits<D>::min())) return std::numeric_limits<D>::min();
-    if (v >= static_cast<S>(std::numeric_limits<D>::max())) return std::numeric_limits<D>::max();
-    return static_cast<D>(v);
-  } else {
-    return static_cast<D>(v);
   }
 }
 
@@ -266,47 +223,23 @@ void arange(const TensorView& out, double start, double step) {
   });
 }
 
-namespace {
-
-// splitmix64 of (seed, counter): a counter-based generator, so element i
-// of a random array depends only on the seed and i.
-std::uint64_t mix64(std::uint64_t seed, std::uint64_t counter) {
-  std::uint64_t z = seed * 0x9e3779b97f4a7c15ULL + counter * 0xd1b54a32d192ed03ULL +
-                    0x632be59bd9b4e019ULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
-// Uniform in [0, 1) with 53 random bits.
-double unit(std::uint64_t seed, std::uint64_t counter) {
-  return static_cast<double>(mix64(seed, counter) >> 11) * 0x1.0p-53;
-}
-
-}  // namespace
-
 void random_uniform(const TensorView& out, std::uint64_t seed, double low, double high) {
   dispatch(out.dtype, [&]<class T>() {
     T* y = typed<T>(out) + out.offset;
     detail::parallel_range(numel(out.shape), [&](std::int64_t i0, std::int64_t i1) {
       for (std::int64_t i = i0; i < i1; ++i) {
-        y[i] = from_double<T>(low + (high - low) * unit(seed, static_cast<std::uint64_t>(i)));
+        y[i] = from_double<T>(ops::detail::uniform_value(seed, i, low, high));
       }
     });
   });
 }
 
 void random_normal(const TensorView& out, std::uint64_t seed, double mean, double stddev) {
-  constexpr double kTwoPi = 6.283185307179586476925286766559;
   dispatch(out.dtype, [&]<class T>() {
     T* y = typed<T>(out) + out.offset;
     detail::parallel_range(numel(out.shape), [&](std::int64_t i0, std::int64_t i1) {
       for (std::int64_t i = i0; i < i1; ++i) {
-        // Box-Muller on two counters per element; u1 in (0, 1] keeps log finite.
-        const auto c = static_cast<std::uint64_t>(i) * 2;
-        const double u1 = 1.0 - unit(seed, c);
-        const double u2 = unit(seed, c + 1);
-        y[i] = from_double<T>(mean + stddev * std::sqrt(-2.0 * std::log(u1)) * std::cos(kTwoPi * u2));
+        y[i] = from_double<T>(ops::detail::normal_value(seed, i, mean, stddev));
       }
     });
   });

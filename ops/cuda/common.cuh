@@ -7,6 +7,7 @@
 #include <lazydag/ops/kernels.hpp>
 
 #include "check.hpp"
+#include "../src/element.hpp"
 
 #include <cstdint>
 #include <type_traits>
@@ -66,22 +67,6 @@ inline void check_launch(const char* kernel) {
   LAZYDAG_CUDA_CHECK(cudaGetLastError(), kernel);
 }
 
-/// The same value conversion as the CPU kernels: NaN -> 0 and saturation
-/// for float -> int, != 0 for -> bool.
-template <class D, class S>
-__host__ __device__ D convert_value(S v) {
-  if constexpr (std::is_same_v<D, bool>) {
-    return v != S(0);
-  } else if constexpr (std::is_integral_v<D> && std::is_floating_point_v<S>) {
-    if (v != v) return D(0);
-    constexpr D lo = std::is_same_v<D, std::int32_t> ? D(-2147483647 - 1) : D(-9223372036854775807LL - 1);
-    constexpr D hi = std::is_same_v<D, std::int32_t> ? D(2147483647) : D(9223372036854775807LL);
-    if (v <= static_cast<S>(lo)) return lo;
-    if (v >= static_cast<S>(hi)) return hi;
-    return static_cast<D>(v);
-  } else {
-    return static_cast<D>(v);
-  }
-}
+using ops::detail::convert_value;  // the CPU's rules (../src/element.hpp)
 
 }  // namespace lazydag::ops::cuda::detail

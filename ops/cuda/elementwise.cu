@@ -14,6 +14,7 @@ using detail::check_launch;
 using detail::convert_value;
 using detail::Indexer;
 using detail::make_indexer;
+using ops::detail::apply_compare;
 
 namespace {
 
@@ -37,18 +38,6 @@ void launch_map(void* stream, const TensorView* const (&views)[N], const Shape& 
   check_launch(name);
 }
 
-// Integer arithmetic wraps (done in the unsigned type), as on the CPU.
-template <class T>
-__device__ T wrap(T a, T b, int op) {
-  using U = std::make_unsigned_t<T>;
-  const U x = static_cast<U>(a);
-  const U y = static_cast<U>(b);
-  if (op == 0) return static_cast<T>(static_cast<U>(x + y));
-  if (op == 1) return static_cast<T>(static_cast<U>(x - y));
-  using W = std::conditional_t<(sizeof(U) < sizeof(unsigned)), unsigned, U>;
-  return static_cast<T>(static_cast<U>(static_cast<W>(x) * static_cast<W>(y)));
-}
-
 template <class T>
 __device__ T apply_unary(UnaryOp op, T x) {
   if constexpr (std::is_same_v<T, bool>) {
@@ -56,10 +45,10 @@ __device__ T apply_unary(UnaryOp op, T x) {
   } else {
     switch (op) {
       case UnaryOp::kNeg:
-        if constexpr (std::is_integral_v<T>) return wrap<T>(T(0), x, 1);
+        if constexpr (std::is_integral_v<T>) return ops::detail::wrap_sub<T>(T(0), x);
         else return -x;
       case UnaryOp::kAbs:
-        if constexpr (std::is_integral_v<T>) return x < 0 ? wrap<T>(T(0), x, 1) : x;
+        if constexpr (std::is_integral_v<T>) return x < 0 ? ops::detail::wrap_sub<T>(T(0), x) : x;
         else return x < 0 ? -x : x;
       case UnaryOp::kRelu: return x > 0 ? x : T(0);
       default: break;
@@ -87,18 +76,18 @@ __device__ T apply_binary(BinaryOp op, T a, T b) {
   } else {
     switch (op) {
       case BinaryOp::kAdd:
-        if constexpr (std::is_integral_v<T>) return wrap(a, b, 0);
+        if constexpr (std::is_integral_v<T>) return ops::detail::wrap_add(a, b);
         else return a + b;
       case BinaryOp::kSub:
-        if constexpr (std::is_integral_v<T>) return wrap(a, b, 1);
+        if constexpr (std::is_integral_v<T>) return ops::detail::wrap_sub(a, b);
         else return a - b;
       case BinaryOp::kMul:
-        if constexpr (std::is_integral_v<T>) return wrap(a, b, 2);
+        if constexpr (std::is_integral_v<T>) return ops::detail::wrap_mul(a, b);
         else return a * b;
       case BinaryOp::kDiv:
         if constexpr (std::is_integral_v<T>) {
           if (b == 0) return T(0);
-          if (b == -1) return wrap<T>(T(0), a, 1);
+          if (b == -1) return ops::detail::wrap_sub<T>(T(0), a);
         }
         return a / b;
       case BinaryOp::kPow:
@@ -109,19 +98,6 @@ __device__ T apply_binary(BinaryOp op, T a, T b) {
     }
     return a;
   }
-}
-
-template <class T>
-__device__ bool apply_compare(CompareOp op, T a, T b) {
-  switch (op) {
-    case CompareOp::kEq: return a == b;
-    case CompareOp::kNe: return a != b;
-    case CompareOp::kLt: return a < b;
-    case CompareOp::kLe: return a <= b;
-    case CompareOp::kGt: return a > b;
-    case CompareOp::kGe: return a >= b;
-  }
-  return false;
 }
 
 template <class T>
@@ -206,16 +182,8 @@ struct ArangeF {
   }
 };
 
-// The CPU's splitmix64 of (seed, counter), bit for bit.
-__device__ std::uint64_t mix64(std::uint64_t seed, std::uint64_t counter) {
-  std::uint64_t z = seed * 0x9e3779b97f4a7c15ULL + counter * 0xd1b54a32d192ed03ULL + 0x632be59bd9b4e019ULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-__device__ double unit(std::uint64_t seed, std::uint64_t counter) {
-  return static_cast<double>(mix64(seed, counter) >> 11) * 0x1.0p-53;
-}
+// The CPU's counter-based generator (../src/element.hpp): the same numbers
+// for the same seed.
 template <class T>
 struct UniformF {
   T* y;
@@ -223,7 +191,7 @@ struct UniformF {
   double low;
   double high;
   __device__ void operator()(std::int64_t i, const std::int64_t (&o)[1]) const {
-    y[o[0]] = convert_value<T>(low + (high - low) * unit(seed, static_cast<std::uint64_t>(i)));
+    y[o[0]] = convert_value<T>(ops::detail::uniform_value(seed, i, low, high));
   }
 };
 template <class T>
@@ -233,10 +201,7 @@ struct NormalF {
   double mean;
   double stddev;
   __device__ void operator()(std::int64_t i, const std::int64_t (&o)[1]) const {
-    const auto c = static_cast<std::uint64_t>(i) * 2;
-    const double u1 = 1.0 - unit(seed, c);
-    const double u2 = unit(seed, c + 1);
-    y[o[0]] = convert_value<T>(mean + stddev * sqrt(-2.0 * log(u1)) * cos(6.283185307179586476925286766559 * u2));
+    y[o[0]] = convert_value<T>(ops::detail::normal_value(seed, i, mean, stddev));
   }
 };
 

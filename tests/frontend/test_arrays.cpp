@@ -67,6 +67,36 @@ TEST_SUITE("ndarray") {
     CHECK(run(1) == run(4));
   }
 
+  TEST_CASE("Arrays.RandomIsTheDocumentedGenerator" * doctest::timeout(60)) {
+    // The documented generator, written out independently: element i of
+    // random_uniform(seed) is splitmix64 applied to seed * golden + i * c,
+    // 53 bits scaled to [0, 1). Every device computes this, so a GPU run
+    // with the same seed gives these exact values (tests/cuda checks that).
+    auto splitmix = [](std::uint64_t seed, std::uint64_t i) {
+      std::uint64_t z = seed * 0x9e3779b97f4a7c15ULL + i * 0xd1b54a32d192ed03ULL + 0x632be59bd9b4e019ULL;
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+      z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+      return z ^ (z >> 31);
+    };
+    auto unit = [&](std::uint64_t seed, std::uint64_t i) {
+      return static_cast<double>(splitmix(seed, i) >> 11) / 9007199254740992.0;
+    };
+    for (std::uint64_t seed : {0ULL, 1ULL, 12345ULL, 0xffffffffffffffffULL}) {
+      const auto u = nd::random_uniform({4096}, cpu(), seed, -1, 5, DType::kFloat64).to_vector<double>();
+      const auto n = nd::random_normal({4096}, cpu(), seed, 0.5, 3.0, DType::kFloat64).to_vector<double>();
+      const auto k = nd::random_uniform({4096}, cpu(), seed, -10, 10, DType::kInt32).to_vector<std::int32_t>();
+      for (std::uint64_t i = 0; i < 4096; ++i) {
+        CAPTURE(seed);
+        CAPTURE(i);
+        REQUIRE(u[i] == -1.0 + 6.0 * unit(seed, i));
+        const double u1 = 1.0 - unit(seed, 2 * i);
+        const double u2 = unit(seed, 2 * i + 1);
+        REQUIRE(n[i] == doctest::Approx(0.5 + 3.0 * std::sqrt(-2.0 * std::log(u1)) * std::cos(2 * M_PI * u2)).epsilon(1e-12));
+        REQUIRE(k[i] == static_cast<std::int32_t>(-10.0 + 20.0 * unit(seed, i)));  // toward zero
+      }
+    }
+  }
+
   TEST_CASE("Arrays.ShapeOpsViewsAndCopies" * doctest::timeout(60)) {
     NDArray a = nd::arange(0, 24, 1, DType::kInt64).reshape({2, 3, 4});
     CHECK(a.shape() == Shape{2, 3, 4});

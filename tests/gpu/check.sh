@@ -21,7 +21,12 @@ if ls .gpu-deps/*.deb >/dev/null 2>&1; then
   # The .pc files say prefix=/usr: the sysroot maps their paths into ROOT.
   export PKG_CONFIG_SYSROOT_DIR="$ROOT"
   export PKG_CONFIG_PATH="$LIB/pkgconfig:$LIB/openblas-pthread/pkgconfig:${PKG_CONFIG_PATH:-}"
-  export CPATH="$ROOT/usr/include:$ROOT/usr/include/x86_64-linux-gnu/openblas-pthread:${CPATH:-}"
+  # C(PLUS)_INCLUDE_PATH, not CPATH: these act as -isystem, so the
+  # packages' headers get the warnings of system headers (the build has
+  # -Wundef -Werror), as they do when installed under /usr.
+  inc="$ROOT/usr/include:$ROOT/usr/include/x86_64-linux-gnu/openblas-pthread"
+  export CPLUS_INCLUDE_PATH="$inc${CPLUS_INCLUDE_PATH:+:$CPLUS_INCLUDE_PATH}"
+  export C_INCLUDE_PATH="$inc${C_INCLUDE_PATH:+:$C_INCLUDE_PATH}"
   export LIBRARY_PATH="$LIB:$LIB/openblas-pthread:${LIBRARY_PATH:-}"
   export LD_LIBRARY_PATH="$LIB:$LIB/openblas-pthread:${LD_LIBRARY_PATH:-}"
   export BOOST_INCLUDEDIR="$ROOT/usr/include" BOOST_LIBRARYDIR="$LIB"
@@ -31,8 +36,10 @@ if ls .gpu-deps/*.deb >/dev/null 2>&1; then
 fi
 
 echo "== configure and build ($(nproc) cores)"
+# -Dwerror=false: another compiler's new warnings must not cost the check;
+# CI builds with -Werror.
 rm -rf "$BUILD"
-if ! meson setup "$BUILD" -Dcuda=enabled -Dbuildtype=release -Dexamples=false >"$OUT_DIR/configure.log" 2>&1; then
+if ! meson setup "$BUILD" -Dcuda=enabled -Dbuildtype=release -Dexamples=false -Dwerror=false >"$OUT_DIR/configure.log" 2>&1; then
   tail -40 "$OUT_DIR/configure.log"
   exit 1
 fi
@@ -48,7 +55,9 @@ LAZYDAG_WATCHDOG=60 timeout 120 "$BUILD/tests/test_gpu" --no-intro --duration=tr
 result[gpu_suite]=${PIPESTATUS[0]}
 
 echo "== NDArray suites with every array on gpu(0)"
+[ "${result[gpu_suite]}" = 77 ] && echo "(no usable device: skipped)"
 for t in elementwise reduce_linalg arrays observe devices; do
+  [ "${result[gpu_suite]}" = 77 ] && break
   LAZYDAG_DEFAULT_DEVICE='gpu(0)' LAZYDAG_ENGINE=eager LAZYDAG_WATCHDOG=60 timeout 120 \
     "$BUILD/tests/test_ndarray_$t" --no-intro >"$OUT_DIR/ndarray_$t.log" 2>&1
   result[ndarray_$t]=$?

@@ -68,6 +68,18 @@ echo "== gpu benchmark"
 LAZYDAG_ENGINE=eager timeout 150 "$BUILD/tests/bench/bench_gpu" 2>&1 | tee "$OUT_DIR/bench_gpu.log"
 result[bench]=${PIPESTATUS[0]}
 
+# The gpu suite again under compute-sanitizer's memcheck (out-of-bounds and
+# misaligned accesses in the kernels and copies), when the
+# machine has it and the check still has time; some runtimes refuse it.
+if [ "${result[gpu_suite]}" != 77 ] && command -v compute-sanitizer >/dev/null &&
+   [ $(( $(date +%s) - start )) -lt 200 ]; then
+  echo "== gpu suite under compute-sanitizer memcheck"
+  LAZYDAG_WATCHDOG=60 timeout 90 compute-sanitizer --tool memcheck --error-exitcode 3 \
+    "$BUILD/tests/test_gpu" --no-intro >"$OUT_DIR/memcheck.log" 2>&1
+  result[memcheck]=$?
+  grep -E "ERROR SUMMARY|Invalid|test cases|not supported" "$OUT_DIR/memcheck.log" | head -12
+fi
+
 echo
 echo "== summary ($(( $(date +%s) - start )) s)"
 for k in "${!result[@]}"; do printf '%-24s exit %s\n' "$k" "${result[$k]}"; done | sort

@@ -369,16 +369,17 @@ void CudaDevice::completer() {
         } catch (...) {
           err = std::current_exception();
         }
-        std::vector<StreamTask*> failed;
-        for (auto& q : pending_) {
-          for (const Pending& p : q) {
-            (void)interval(p, false);
-            failed.push_back(p.task);
-          }
-          q.clear();
+        std::vector<Pending> failed;
+        for (std::size_t i = 0; i < pending_.size(); ++i) {
+          failed.insert(failed.end(), pending_[i].begin(), pending_[i].end());
+          pending_[i].clear();
+          finished_[i] = 0;  // no later count may complete a launch made after this
         }
-        lk.unlock();
-        for (StreamTask* t : failed) t->complete(err, DeviceInterval{});
+        lk.unlock();  // interval() takes events_mu_: never under done_mu_
+        for (const Pending& p : failed) {
+          (void)interval(p, false);
+          p.task->complete(err, DeviceInterval{});
+        }
         lk.lock();
       }
     }

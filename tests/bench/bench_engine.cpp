@@ -6,6 +6,8 @@
 
 #include <oneapi/tbb/flow_graph.h>
 
+#include "bench_util.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -23,25 +25,10 @@ namespace flow = tbb::flow;
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-int repeats() {
-  const char* s = std::getenv("LAZYDAG_BENCH_REPEATS");
-  return s != nullptr ? std::max(1, std::atoi(s)) : 7;
-}
-
-// Median over repeats of fn(), which returns seconds; one warm-up run first.
-double median_seconds(const std::function<double()>& fn) {
-  fn();
-  std::vector<double> t;
-  for (int i = 0; i < repeats(); ++i) t.push_back(fn());
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
-double since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+using lazydag::bench::Clock;
+using lazydag::bench::since;
+// fn() returns the seconds it measured itself.
+double median_seconds(const std::function<double()>& fn) { return lazydag::bench::median_of(fn); }
 
 constexpr int kChain = 10000;
 constexpr int kIndependent = 100000;

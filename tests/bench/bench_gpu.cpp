@@ -9,6 +9,8 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include "bench_util.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -21,24 +23,10 @@ using namespace lazydag;
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using bench::Clock;
 
-int repeats() {
-  const char* s = std::getenv("LAZYDAG_BENCH_REPEATS");
-  return s != nullptr ? std::max(1, std::atoi(s)) : 5;
-}
-
-double median_seconds(const std::function<void()>& fn) {
-  fn();  // warm-up: pools, handles, module load
-  std::vector<double> t;
-  for (int i = 0; i < repeats(); ++i) {
-    auto t0 = Clock::now();
-    fn();
-    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
+// Five repeats: each GPU figure is itself many launches.
+double median_seconds(const std::function<void()>& fn) { return bench::median_seconds(fn, 5); }
 
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) {

@@ -5,6 +5,8 @@
 
 #include <cblas.h>
 
+#include "bench_util.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -14,28 +16,7 @@
 
 using namespace lazydag;
 
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-int repeats() {
-  const char* s = std::getenv("LAZYDAG_BENCH_REPEATS");
-  return s != nullptr ? std::max(1, std::atoi(s)) : 7;
-}
-
-double median_seconds(const std::function<void()>& fn) {
-  fn();
-  std::vector<double> t;
-  for (int i = 0; i < repeats(); ++i) {
-    auto t0 = Clock::now();
-    fn();
-    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
-}  // namespace
+using bench::median_seconds;
 
 int main() {
   const int threads = nd::engine().num_threads();

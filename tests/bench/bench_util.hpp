@@ -1,0 +1,46 @@
+// Shared by the benchmark programs: repeats, medians and wall-clock time.
+// Every figure is the median of LAZYDAG_BENCH_REPEATS runs (default per
+// program) after one warm-up run.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <functional>
+#include <vector>
+
+namespace lazydag::bench {
+
+using Clock = std::chrono::steady_clock;
+
+inline int repeats(int fallback) {
+  const char* s = std::getenv("LAZYDAG_BENCH_REPEATS");
+  return s != nullptr ? std::max(1, std::atoi(s)) : fallback;
+}
+
+inline double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+/// Median over the repeats of fn(), which times itself and returns seconds
+/// (so setup inside fn stays out of the figure).
+inline double median_of(const std::function<double()>& fn, int fallback_repeats = 7) {
+  fn();  // warm-up: pools, handles, page faults, module load
+  std::vector<double> t;
+  for (int i = 0; i < repeats(fallback_repeats); ++i) t.push_back(fn());
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+/// Median wall time of fn() over the repeats.
+inline double median_seconds(const std::function<void()>& fn, int fallback_repeats = 7) {
+  return median_of(
+      [&] {
+        const auto t0 = Clock::now();
+        fn();
+        return since(t0);
+      },
+      fallback_repeats);
+}
+
+}  // namespace lazydag::bench

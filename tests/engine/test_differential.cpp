@@ -185,6 +185,26 @@ int seeds_from_env(int fallback) {
   return s != nullptr ? std::atoi(s) : fallback;
 }
 
+// Runs `prog` under every non-naive configuration (options from
+// `options_for`) and checks each observation against `ref`, the naive
+// policy's; returns the number of configurations that differ.
+template <class Options>
+int count_mismatches(const std::vector<Step>& prog, int num_vars, int seed, const std::string& ref,
+                     Options options_for) {
+  int mismatches = 0;
+  for (const auto& cfg : test::all_configs()) {
+    if (cfg.policy == Policy::kNaive) continue;
+    const std::string got = run_alone(prog, num_vars, options_for(cfg));
+    if (got != ref) {
+      ++mismatches;
+      CAPTURE(seed);
+      CAPTURE(cfg.str());
+      CHECK(got == ref);
+    }
+  }
+  return mismatches;
+}
+
 }  // namespace
 
 TEST_SUITE("engine") {
@@ -200,18 +220,9 @@ TEST_SUITE("engine") {
       naive.policy = Policy::kNaive;
       const std::string ref = run_alone(prog, num_vars, naive);
       poisoned_runs += ref.find("E:op") != std::string::npos ? 1 : 0;
-      for (const auto& cfg : test::all_configs()) {
-        if (cfg.policy == Policy::kNaive) continue;
-        // small windows on some seeds so the window logic is exercised too
-        const std::size_t window = seed % 3 == 0 ? 8 : 16384;
-        const std::string got = run_alone(prog, num_vars, cfg.options(window));
-        if (got != ref) {
-          ++mismatches;
-          CAPTURE(seed);
-          CAPTURE(cfg.str());
-          CHECK(got == ref);
-        }
-      }
+      // small windows on some seeds so the window logic is exercised too
+      const std::size_t window = seed % 3 == 0 ? 8 : 16384;
+      mismatches += count_mismatches(prog, num_vars, seed, ref, [&](const auto& cfg) { return cfg.options(window); });
     }
     CHECK(mismatches == 0);
     CHECK(poisoned_runs > seeds / 4);  // the failure paths were exercised
@@ -238,18 +249,11 @@ TEST_SUITE("engine") {
       EngineOptions naive;
       naive.policy = Policy::kNaive;
       const std::string ref = run_alone(prog, num_vars, naive);
-      for (const auto& cfg : test::all_configs()) {
-        if (cfg.policy == Policy::kNaive) continue;
+      mismatches += count_mismatches(prog, num_vars, seed, ref, [&](const auto& cfg) {
         EngineOptions o = cfg.options(seed % 3 == 0 ? 8 : 16384);
         o.max_in_flight = seed % 4 == 0 ? 2 : 1024;  // the run-ahead bound holds nodes back
-        const std::string got = run_alone(prog, num_vars, o);
-        if (got != ref) {
-          ++mismatches;
-          CAPTURE(seed);
-          CAPTURE(cfg.str());
-          CHECK(got == ref);
-        }
-      }
+        return o;
+      });
     }
     CHECK(mismatches == 0);
     MESSAGE("stream differential: seeds=" << seeds << " configs=6 mismatches=" << mismatches);

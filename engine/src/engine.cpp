@@ -1155,9 +1155,9 @@ bool EngineImpl::help_until(Waiter& w, Lock& lk, Done done, bool watchdog) {
     if (done()) return true;
     if (!spun && w.mode == WaitMode::kNode && w.target->sdev != nullptr &&
         w.target->state == NodeState::kLaunched) {
-      // Its device is running it: spin briefly before sleeping (as CUDA's
-      // default schedule does), since waking a sleeping thread costs more
-      // than a short op on the device. Any wake-up ends the spin.
+      // Its device is running it: spin briefly before sleeping, since
+      // waking a sleeping thread costs more than a short op on the device.
+      // Any wake-up ends the spin.
       spun = true;
       w.signal.store(false, std::memory_order_relaxed);
       w.available = true;

@@ -1,7 +1,6 @@
 // CPU elementwise kernels: unary and binary math with broadcasting,
 // comparisons, where, dtype conversion, fills and counter-based random numbers.
 #include <cmath>
-#include <limits>
 #include <stdexcept>
 #include <type_traits>
 

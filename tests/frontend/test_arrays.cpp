@@ -7,6 +7,7 @@
 #include <oneapi/tbb/task_arena.h>
 
 #include <atomic>
+#include <numbers>
 #include <sstream>
 
 using namespace lazydag;
@@ -91,7 +92,7 @@ TEST_SUITE("ndarray") {
         REQUIRE(u[i] == -1.0 + 6.0 * unit(seed, i));
         const double u1 = 1.0 - unit(seed, 2 * i);
         const double u2 = unit(seed, 2 * i + 1);
-        REQUIRE(n[i] == doctest::Approx(0.5 + 3.0 * std::sqrt(-2.0 * std::log(u1)) * std::cos(2 * M_PI * u2)).epsilon(1e-12));
+        REQUIRE(n[i] == doctest::Approx(0.5 + 3.0 * std::sqrt(-2.0 * std::log(u1)) * std::cos(2 * std::numbers::pi * u2)).epsilon(1e-12));
         REQUIRE(k[i] == static_cast<std::int32_t>(-10.0 + 20.0 * unit(seed, i)));  // toward zero
       }
     }

@@ -1,14 +1,17 @@
 // Engine overhead per op on five workloads, beside the same workloads written
-// directly against oneTBB's flow graph (one node per op) in the same run.
+// directly against oneTBB's flow graph (one node per op) and against
+// tbb::task_group with hand-written atomic join counters, in the same run.
 // Prints one key=value line per figure: medians of repeats, ns per op.
 #include <lazydag/engine/engine.hpp>
 #include <lazydag/engine/profiler.hpp>
 
 #include <oneapi/tbb/flow_graph.h>
+#include <oneapi/tbb/task_group.h>
 
 #include "bench_util.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -18,6 +21,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 using namespace lazydag::engine;
@@ -199,6 +203,117 @@ double tbb_fan() {
   return since(t0);
 }
 
+// ---- task_group peer: hand-written atomic join counters -----------------
+// The practical floor for a dependency scheduler: a node is a join counter
+// and a successor list; a task that finishes decrements its successors'
+// counters, carries on with the first that reaches zero and spawns the rest.
+// As with the flow graph peer, the whole graph is built before it starts.
+
+struct CounterNode {
+  std::atomic<int> join{0};  // unfinished predecessors
+  void (*body)(std::uint64_t*) = nullptr;
+  std::uint64_t* arg = nullptr;
+  std::vector<CounterNode*> succ;
+};
+
+void run_counted(tbb::task_group& tg, CounterNode* n) {
+  while (n != nullptr) {
+    n->body(n->arg);
+    CounterNode* next = nullptr;
+    for (CounterNode* s : n->succ) {
+      // acq_rel: the last predecessor's decrement publishes every
+      // predecessor's writes to whoever runs the successor.
+      if (s->join.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        if (next == nullptr) {
+          next = s;
+        } else {
+          tg.run([&tg, s] { run_counted(tg, s); });
+        }
+      }
+    }
+    n = next;
+  }
+}
+
+void increment(std::uint64_t* s) { ++*s; }
+void nothing(std::uint64_t*) {}
+
+std::unique_ptr<CounterNode> counter_node(void (*body)(std::uint64_t*), std::uint64_t* arg) {
+  auto n = std::make_unique<CounterNode>();
+  n->body = body;
+  n->arg = arg;
+  return n;
+}
+
+double counters_push_only() {
+  std::vector<std::unique_ptr<CounterNode>> nodes;
+  nodes.reserve(kIndependent);
+  auto t0 = Clock::now();
+  for (int i = 0; i < kIndependent; ++i) nodes.push_back(counter_node(nothing, nullptr));
+  return since(t0);
+}
+
+double counters_chain(bool sync, std::uint64_t& sink) {
+  tbb::task_group tg;
+  std::vector<std::unique_ptr<CounterNode>> nodes;
+  nodes.reserve(kChain);
+  auto t0 = Clock::now();
+  for (int i = 0; i < kChain; ++i) {
+    nodes.push_back(counter_node(increment, &sink));
+    CounterNode* n = nodes.back().get();
+    if (sync) {
+      tg.run([&tg, n] { run_counted(tg, n); });
+      tg.wait();
+    } else if (i > 0) {
+      nodes[i - 1]->succ.push_back(n);
+      n->join.store(1, std::memory_order_relaxed);
+    }
+  }
+  if (!sync) {
+    CounterNode* first = nodes[0].get();
+    tg.run([&tg, first] { run_counted(tg, first); });
+    tg.wait();
+  }
+  return since(t0);
+}
+
+double counters_independent(std::uint64_t& sink) {
+  tbb::task_group tg;
+  std::vector<std::unique_ptr<CounterNode>> nodes;
+  nodes.reserve(kIndependent);
+  auto t0 = Clock::now();
+  for (int i = 0; i < kIndependent; ++i) {
+    // the flow graph peer's body adds 0 * i; a sink no other task writes
+    nodes.push_back(counter_node(nothing, &sink));
+    CounterNode* n = nodes.back().get();
+    tg.run([&tg, n] { run_counted(tg, n); });
+  }
+  tg.wait();
+  return since(t0);
+}
+
+double counters_fan() {
+  tbb::task_group tg;
+  std::vector<std::unique_ptr<CounterNode>> nodes;
+  nodes.reserve(kLayers * kWidth);
+  auto t0 = Clock::now();
+  for (int l = 0; l < kLayers; ++l) {
+    for (int k = 0; k < kWidth; ++k) {
+      nodes.push_back(counter_node(nothing, nullptr));
+      if (l > 0) {
+        for (int p = 0; p < kWidth; ++p) nodes[(l - 1) * kWidth + p]->succ.push_back(nodes.back().get());
+        nodes.back()->join.store(kWidth, std::memory_order_relaxed);
+      }
+    }
+  }
+  for (int k = 0; k < kWidth; ++k) {
+    CounterNode* n = nodes[k].get();
+    tg.run([&tg, n] { run_counted(tg, n); });
+  }
+  tg.wait();
+  return since(t0);
+}
+
 void line(const char* workload, const std::string& who, double seconds, int ops) {
   std::printf("bench=engine workload=%s %s ns_per_op=%.1f\n", workload, who.c_str(),
               seconds / ops * 1e9);
@@ -209,31 +324,55 @@ void line(const char* workload, const std::string& who, double seconds, int ops)
 int main() {
   const int threads = static_cast<int>(std::max(1U, std::thread::hardware_concurrency()));
   std::uint64_t tbb_sink = 0;
+  std::uint64_t counters_sink = 0;
   struct Peer {
     const char* workload;
     int ops;
-    std::function<double()> run;
+    std::function<double()> flow_graph;
+    std::function<double()> counters;
   };
   std::vector<Peer> peers = {
-      {"push_only", kIndependent, [] { return tbb_push_only(); }},
-      {"chain_async", kChain, [&] { return tbb_chain(false, tbb_sink); }},
-      {"chain_sync", kChain, [&] { return tbb_chain(true, tbb_sink); }},
-      {"independent", kIndependent, [&] { return tbb_independent(tbb_sink); }},
-      {"fan", kLayers * kWidth, [] { return tbb_fan(); }},
+      {"push_only", kIndependent, [] { return tbb_push_only(); }, [] { return counters_push_only(); }},
+      {"chain_async", kChain, [&] { return tbb_chain(false, tbb_sink); },
+       [&] { return counters_chain(false, counters_sink); }},
+      {"chain_sync", kChain, [&] { return tbb_chain(true, tbb_sink); },
+       [&] { return counters_chain(true, counters_sink); }},
+      {"independent", kIndependent, [&] { return tbb_independent(tbb_sink); },
+       [&] { return counters_independent(counters_sink); }},
+      {"fan", kLayers * kWidth, [] { return tbb_fan(); }, [] { return counters_fan(); }},
   };
   std::vector<double> peer_ns;
+  std::vector<double> counters_ns;
   for (auto& p : peers) {
-    double t = median_seconds(p.run);
+    double t = median_seconds(p.flow_graph);
     peer_ns.push_back(t / p.ops * 1e9);
     line(p.workload, "peer=tbb_flow_graph", t, p.ops);
+    t = median_seconds(p.counters);
+    counters_ns.push_back(t / p.ops * 1e9);
+    line(p.workload, "peer=tbb_counters", t, p.ops);
   }
 
-  std::vector<std::vector<double>> engine_ns;  // [policy][workload]
-  for (Policy policy : {Policy::kLazy, Policy::kEager}) {
+  // lazy and eager on every hardware thread, then the engine's defaults
+  // (EngineOptions{}: its default policy, and num_threads 0, which lets the
+  // engine choose), labelled default=1.
+  struct Run {
+    Policy policy;
+    int num_threads;
+    bool is_default;
+  };
+  const EngineOptions defaults{};
+  const std::vector<Run> policy_runs = {
+      {Policy::kLazy, threads, false},
+      {Policy::kEager, threads, false},
+      {defaults.policy, defaults.num_threads, true},
+  };
+  std::vector<std::vector<double>> engine_ns;  // [policy run][workload]
+  std::vector<std::string> run_names;
+  for (const Run& run : policy_runs) {
     engine_ns.emplace_back();
-    EngineOptions o;
-    o.policy = policy;
-    o.num_threads = threads;
+    EngineOptions o = defaults;
+    o.policy = run.policy;
+    o.num_threads = run.num_threads;
     EngineOptions unbounded = o;
     unbounded.max_pending = 0;
     EngineBench windowed(o);
@@ -245,17 +384,18 @@ int main() {
         {"independent", [&] { return windowed.independent(); }},
         {"fan", [&] { return windowed.fan(); }},
     };
-    std::string who = "policy=" + std::string(to_string(policy)) + " threads=" +
-                      std::to_string(threads);
+    std::string who = "policy=" + std::string(to_string(run.policy)) + " threads=" +
+                      std::to_string(windowed.eng.num_threads()) + (run.is_default ? " default=1" : "");
+    run_names.push_back(std::string(to_string(run.policy)) + (run.is_default ? "(default)" : ""));
     for (std::size_t i = 0; i < runs.size(); ++i) {
       double t = median_seconds(runs[i].second);
       double ns = t / peers[i].ops * 1e9;
       engine_ns.back().push_back(ns);
       line(runs[i].first, who, t, peers[i].ops);
-      std::printf("bench=engine workload=%s %s ratio_vs_tbb=%.2f\n", runs[i].first, who.c_str(),
-                  ns / peer_ns[i]);
+      std::printf("bench=engine workload=%s %s ratio_vs_tbb=%.2f ratio_vs_counters=%.2f\n", runs[i].first,
+                  who.c_str(), ns / peer_ns[i], ns / counters_ns[i]);
     }
-    if (policy == Policy::kLazy) {
+    if (run.policy == Policy::kLazy && !run.is_default) {
       // The profiler's cost: the same workloads with it recording (its
       // buffers are dumped to /dev/null between repeats, untimed).
       for (std::size_t i : {std::size_t{1}, std::size_t{3}}) {
@@ -338,17 +478,20 @@ int main() {
 
   // The same figures as a table (ns per op, medians; goals for 2 cores).
   const char* goals[] = {"-", "<= 100", "<= 200", "<= 200", "<= 250"};
-  std::printf("\n%-12s %8s %10s %10s %10s %10s\n", "workload", "goal", "lazy", "eager",
-              "tbb_flow", "lazy/tbb");
+  std::printf("\n%-12s %8s", "workload", "goal");
+  for (const auto& n : run_names) std::printf(" %14s", n.c_str());
+  std::printf(" %10s %10s %10s %10s\n", "tbb_flow", "counters", "lazy/tbb", "lazy/cntrs");
   for (std::size_t i = 0; i < peers.size(); ++i) {
-    std::printf("%-12s %8s %10.1f %10.1f %10.1f %10.2f\n", peers[i].workload, goals[i],
-                engine_ns[0][i], engine_ns[1][i], peer_ns[i], engine_ns[0][i] / peer_ns[i]);
+    std::printf("%-12s %8s", peers[i].workload, goals[i]);
+    for (const auto& ns : engine_ns) std::printf(" %14.1f", ns[i]);
+    std::printf(" %10.1f %10.1f %10.2f %10.2f\n", peer_ns[i], counters_ns[i], engine_ns[0][i] / peer_ns[i],
+                engine_ns[0][i] / counters_ns[i]);
   }
   for (int i = 0; i < 3; ++i) {
-    std::printf("%-16s %4s %10.1f %10.1f %10s %10s\n", stream_workloads[i], "-", stream_ns[0][static_cast<std::size_t>(i)],
-                stream_ns[1][static_cast<std::size_t>(i)], "-", "-");
+    std::printf("%-16s %4s %14.1f %14.1f %14s\n", stream_workloads[i], "-", stream_ns[0][static_cast<std::size_t>(i)],
+                stream_ns[1][static_cast<std::size_t>(i)], "-");
   }
-  std::printf("%-16s %4s %10.1f  (two threads that sleep between turns: the wake-up cost behind sim_chain_sync)\n",
+  std::printf("%-16s %4s %14.1f  (two threads that sleep between turns: the wake-up cost behind sim_chain_sync)\n",
               "thread_roundtrip", "-", handoff);
   return 0;
 }

@@ -1,6 +1,7 @@
 // Engine overhead per op on five workloads, beside the same workloads written
 // directly against oneTBB's flow graph (one node per op) and against
-// tbb::task_group with hand-written atomic join counters, in the same run.
+// tbb::task_group with hand-written atomic join counters, in the same run;
+// and how far frontend work overlaps backend work under each policy.
 // Prints one key=value line per figure: medians of repeats, ns per op.
 #include <lazydag/engine/engine.hpp>
 #include <lazydag/engine/profiler.hpp>
@@ -38,6 +39,38 @@ constexpr int kChain = 10000;
 constexpr int kIndependent = 100000;
 constexpr int kLayers = 1000;
 constexpr int kWidth = 8;
+
+// The overlap workload: each step the frontend spins kOverlapUs of host work
+// and records one node that spins kOverlapUs.
+constexpr int kOverlapSteps = 500;
+constexpr double kOverlapUs = 20;
+
+// A busy loop of volatile arithmetic, `iters` rounds.
+void spin(std::uint64_t iters) {
+  volatile std::uint64_t x = 0;
+  for (std::uint64_t i = 0; i < iters; ++i) x = x + i;
+}
+
+// Rounds of spin() that take `us` microseconds on this machine: the loop is
+// doubled until one run lasts a few milliseconds, then scaled by the median
+// of five runs of that length.
+std::uint64_t calibrate_spin(double us) {
+  std::uint64_t iters = 1024;
+  for (;;) {
+    auto t0 = Clock::now();
+    spin(iters);
+    if (since(t0) > 2e-3) break;
+    iters *= 2;
+  }
+  std::vector<double> t;
+  for (int i = 0; i < 5; ++i) {
+    auto t0 = Clock::now();
+    spin(iters);
+    t.push_back(since(t0));
+  }
+  std::sort(t.begin(), t.end());
+  return std::max<std::uint64_t>(1, static_cast<std::uint64_t>(static_cast<double>(iters) * us * 1e-6 / t[2]));
+}
 
 // ---- lazydag ------------------------------------------------------------
 
@@ -110,6 +143,20 @@ struct EngineBench {
       o.device = i % 2 == 0 ? a : b;
       eng.push([s](const RunContext&) { ++*s; }, {x}, {x}, o);
       if (sync) eng.wait_to_read(x);
+    }
+    eng.waitall();
+    return since(t0);
+  }
+
+  // kOverlapSteps steps of host work (host_iters rounds of spin) each
+  // followed by one node of node_iters rounds, the nodes chained through one
+  // var as a training loop's updates are; then waitall.
+  double overlap(std::uint64_t host_iters, std::uint64_t node_iters) {
+    Var x = vars[0];
+    auto t0 = Clock::now();
+    for (int i = 0; i < kOverlapSteps; ++i) {
+      spin(host_iters);
+      eng.push([node_iters](const RunContext&) { spin(node_iters); }, {x}, {x});
     }
     eng.waitall();
     return since(t0);
@@ -415,6 +462,38 @@ int main() {
         std::printf("bench=engine workload=fresh_wait %s unrelated=%d ns_per_push_and_wait=%.1f\n",
                     who.c_str(), unrelated, t * 1e9);
       }
+    }
+  }
+
+  // Overlap: the frontend's host work beside the nodes' backend work. F and
+  // C are measured alone (the host spins back to back; the node bodies
+  // called inline), T with both; overlap_efficiency = (F + C) / T is 1 when
+  // nothing overlaps and 2 when F = C overlap perfectly.
+  {
+    const std::uint64_t iters = calibrate_spin(kOverlapUs);
+    const double host_total = median_seconds([&] {
+      auto t0 = Clock::now();
+      for (int i = 0; i < kOverlapSteps; ++i) spin(iters);
+      return since(t0);
+    });
+    const double node_total = median_seconds([&] {
+      const RunContext ctx{};
+      auto body = [iters](const RunContext&) { spin(iters); };
+      auto t0 = Clock::now();
+      for (int i = 0; i < kOverlapSteps; ++i) body(ctx);
+      return since(t0);
+    });
+    for (const Run& run : policy_runs) {
+      EngineOptions o = defaults;
+      o.policy = run.policy;
+      o.num_threads = run.num_threads;
+      EngineBench b(o);
+      const double t = median_seconds([&] { return b.overlap(iters, iters); });
+      std::printf("bench=engine workload=overlap policy=%s threads=%d%s steps=%d F_us=%.1f C_us=%.1f "
+                  "total_ms=%.2f overlap_efficiency=%.2f\n",
+                  std::string(to_string(run.policy)).c_str(), b.eng.num_threads(),
+                  run.is_default ? " default=1" : "", kOverlapSteps, host_total / kOverlapSteps * 1e6,
+                  node_total / kOverlapSteps * 1e6, t * 1e3, (host_total + node_total) / t);
     }
   }
 

@@ -1,0 +1,413 @@
+// The record/wait protocol under pressure: several frontend threads with
+// random programs checked against the naive policy, and a long push + wait
+// loop in which a lost wake-up would hang (the watchdog turns it into a
+// failure).
+#include <doctest/doctest.h>
+
+#include <lazydag/engine/engine.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <typeinfo>
+#include <vector>
+
+#include "support.hpp"
+
+using namespace lazydag;
+using namespace lazydag::engine;
+
+namespace {
+
+std::uint64_t mix(std::uint64_t h, std::uint64_t x) {
+  h ^= x + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+  h *= 0xff51afd7ed558ccdULL;
+  return h ^ (h >> 33);
+}
+
+constexpr std::uint64_t kConstant = 0x5eed5eed5eedULL;
+
+// Vars every frontend thread uses. `constant` is written once before the
+// threads start and only read after; `counter` and `sum` are written by
+// every thread's count ops (counter += 1, sum += amount), so their final
+// values do not depend on the interleaving. Their cells are atomics so that
+// a thread may load them after a wait while other threads' ops run; the ops
+// load and store (not fetch_add), so two count ops run at once would lose
+// an update and show in the totals.
+struct SharedCells {
+  std::uint64_t constant = 0;
+  std::atomic<std::uint64_t> counter{0};
+  std::atomic<std::uint64_t> sum{0};
+};
+
+struct SharedVars {
+  Var constant;
+  Var counter;
+  Var sum;
+  std::shared_ptr<SharedCells> cells = std::make_shared<SharedCells>();
+};
+
+SharedVars make_shared_vars(Engine& eng) {
+  SharedVars s{eng.new_var(), eng.new_var(), eng.new_var()};
+  eng.push([cells = s.cells](const RunContext&) { cells->constant = kConstant; }, {}, {s.constant},
+           {.name = "set_constant"});
+  return s;
+}
+
+// One step of a frontend thread's program. Own var indices are the
+// thread's own (disjoint) vars.
+struct Step {
+  enum Kind {
+    kOp,          // reads own vars (and maybe the constant), writes own vars; may throw
+    kCount,       // counter += 1, sum += amount
+    kWaitRead,    // wait_to_read an own var and log its value or error
+    kWaitWrite,   // the same with wait_to_write
+    kWaitShared,  // wait_to_read or wait_to_write the counter
+    kTemp,        // a temporary var: written from own vars (may throw), read into an own var, deleted
+    kRenew,       // delete an own var while work on it is pending; a new var takes its slot
+  } kind = kOp;
+  std::vector<int> reads;
+  std::vector<int> writes;
+  bool reads_constant = false;
+  bool throws = false;
+  bool to_write = false;  // kWaitShared: wait_to_write
+  int var = 0;
+  std::uint64_t amount = 0;
+};
+
+std::vector<Step> make_program(std::uint32_t seed, int num_vars, int num_steps) {
+  std::mt19937 rng(seed);
+  auto coin = [&](double p) { return std::uniform_real_distribution<double>(0, 1)(rng) < p; };
+  std::uniform_int_distribution<int> var(0, num_vars - 1);
+  std::uniform_int_distribution<int> small(1, 3);
+  std::vector<Step> prog;
+  for (int i = 0; i < num_steps; ++i) {
+    Step s;
+    const double r = std::uniform_real_distribution<double>(0, 1)(rng);
+    if (r < 0.55) {
+      s.kind = Step::kOp;
+      for (int k = small(rng) - 1; k > 0; --k) s.reads.push_back(var(rng));
+      for (int k = (small(rng) + 1) / 2; k > 0; --k) s.writes.push_back(var(rng));
+      s.reads_constant = coin(0.2);
+      s.throws = coin(0.04);
+    } else if (r < 0.70) {
+      s.kind = Step::kCount;
+      s.amount = 1 + rng() % 1000;
+    } else if (r < 0.78) {
+      s.kind = Step::kWaitRead;
+      s.var = var(rng);
+    } else if (r < 0.82) {
+      s.kind = Step::kWaitWrite;
+      s.var = var(rng);
+    } else if (r < 0.87) {
+      s.kind = Step::kWaitShared;
+      s.to_write = coin(0.5);
+    } else if (r < 0.95) {
+      s.kind = Step::kTemp;
+      for (int k = (small(rng) + 1) / 2; k > 0; --k) s.reads.push_back(var(rng));
+      s.throws = coin(0.1);
+      s.var = var(rng);
+    } else {
+      s.kind = Step::kRenew;
+      s.var = var(rng);
+    }
+    prog.push_back(s);
+  }
+  return prog;
+}
+
+// What one thread observed.
+struct Outcome {
+  std::string log;         // own var values and errors seen by waits, in order, then final values
+  int op_errors = 0;       // OpErrors thrown by waits on own vars
+  std::uint64_t counts = 0;  // count ops recorded
+  std::uint64_t amount = 0;  // and their amounts
+  int bad_shared_reads = 0;  // shared waits that saw fewer increments than this thread had recorded, or too many
+  std::string failure;       // any other exception: a bug
+  std::shared_ptr<std::atomic<std::uint64_t>> bodies_run =
+      std::make_shared<std::atomic<std::uint64_t>>(0);  // own-var op bodies that ran (read after waitall)
+};
+
+// Runs `prog` on `eng`, which other threads may use at the same time (so no
+// waitall: it would report their failures too). `total_counts` bounds what
+// a wait on the counter may see.
+Outcome run_program(Engine& eng, const SharedVars& shared, const std::vector<Step>& prog, int num_vars,
+                    const std::string& tag, std::uint64_t total_counts) {
+  Outcome out;
+  try {
+    // One value cell per var instance; cells never move, and every op holds
+    // the deque, so ops that run after a var was deleted (or after this
+    // function returned) still find their cells.
+    auto cells = std::make_shared<std::deque<std::uint64_t>>();
+    std::vector<Var> vars;
+    std::vector<std::uint64_t*> cell_of;
+    for (int i = 0; i < num_vars; ++i) {
+      vars.push_back(eng.new_var());
+      cells->push_back(mix(0, static_cast<std::uint64_t>(i)));
+      cell_of.push_back(&cells->back());
+    }
+    auto bodies_run = out.bodies_run;
+    // A node over own cells: the written cells get a hash of the op id, the
+    // read cells and the old values of the written ones.
+    auto push_op = [&](std::uint64_t id, std::vector<Var> r, std::vector<std::uint64_t*> rc,
+                       std::vector<Var> w, std::vector<std::uint64_t*> wc, bool throws, const std::string& name) {
+      eng.push(
+          [id, rc, wc, throws, cells, bodies_run](const RunContext&) {
+            bodies_run->fetch_add(1, std::memory_order_relaxed);
+            if (throws) throw std::runtime_error("injected");
+            std::uint64_t h = mix(id, 1);
+            for (auto* c : rc) h = mix(h, *c);
+            for (auto* c : wc) h = mix(h, *c * 3);  // RMW sees the old value
+            std::uint64_t k = 0;
+            for (auto* c : wc) *c = mix(h, ++k);
+          },
+          r, w, {.name = name});
+    };
+    auto observe = [&](const char* what, int x, auto&& wait) {
+      try {
+        wait();
+        out.log += what + std::to_string(x) + "=" + std::to_string(*cell_of[x]) + ";";
+      } catch (const OpError& e) {
+        ++out.op_errors;
+        out.log += what + std::to_string(x) + "=E:" + e.op_name() + ";";
+      }
+    };
+    for (std::size_t i = 0; i < prog.size(); ++i) {
+      const Step& s = prog[i];
+      const std::string name = tag + "op" + std::to_string(i);
+      switch (s.kind) {
+        case Step::kOp: {
+          std::vector<Var> r;
+          std::vector<Var> w;
+          std::vector<std::uint64_t*> rc;
+          std::vector<std::uint64_t*> wc;
+          for (int x : s.reads) {
+            r.push_back(vars[x]);
+            rc.push_back(cell_of[x]);
+          }
+          if (s.reads_constant) {
+            r.push_back(shared.constant);
+            rc.push_back(&shared.cells->constant);
+          }
+          for (int x : s.writes) {
+            w.push_back(vars[x]);
+            wc.push_back(cell_of[x]);
+          }
+          push_op(i, r, rc, w, wc, s.throws, name);
+          break;
+        }
+        case Step::kCount: {
+          const std::uint64_t amount = s.amount;
+          eng.push(
+              [c = shared.cells, amount](const RunContext&) {
+                // a count op that ran before the constant was set adds a mark
+                const std::uint64_t bad = c->constant == kConstant ? 0 : std::uint64_t{1} << 40;
+                c->counter.store(c->counter.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+                c->sum.store(c->sum.load(std::memory_order_relaxed) + amount + bad, std::memory_order_relaxed);
+              },
+              {shared.constant}, {shared.counter, shared.sum}, {.name = name});
+          ++out.counts;
+          out.amount += amount;
+          break;
+        }
+        case Step::kWaitRead:
+          observe("R", s.var, [&] { eng.wait_to_read(vars[s.var]); });
+          break;
+        case Step::kWaitWrite:
+          observe("W", s.var, [&] { eng.wait_to_write(vars[s.var]); });
+          break;
+        case Step::kWaitShared: {
+          // every count op this thread recorded is done; others' may be too
+          if (s.to_write) {
+            eng.wait_to_write(shared.counter);
+          } else {
+            eng.wait_to_read(shared.counter);
+          }
+          const std::uint64_t seen = shared.cells->counter.load(std::memory_order_relaxed);
+          if (seen < out.counts || seen > total_counts) ++out.bad_shared_reads;
+          break;
+        }
+        case Step::kTemp: {
+          Var tmp = eng.new_var();
+          cells->push_back(mix(5, i));
+          std::uint64_t* tc = &cells->back();
+          std::vector<Var> r;
+          std::vector<std::uint64_t*> rc;
+          for (int x : s.reads) {
+            r.push_back(vars[x]);
+            rc.push_back(cell_of[x]);
+          }
+          push_op(i, r, rc, {tmp}, {tc}, s.throws, name);
+          push_op(i + (std::uint64_t{1} << 32), {tmp}, {tc}, {vars[s.var]}, {cell_of[s.var]}, false,
+                  name + "b");
+          eng.delete_var(tmp);
+          break;
+        }
+        case Step::kRenew:
+          eng.delete_var(vars[s.var]);
+          vars[s.var] = eng.new_var();
+          cells->push_back(mix(7, i));
+          cell_of[s.var] = &cells->back();
+          break;
+      }
+    }
+    for (int x = 0; x < num_vars; ++x) observe("F", x, [&] { eng.wait_to_read(vars[x]); });
+    for (Var v : vars) eng.delete_var(v);
+  } catch (const std::exception& e) {
+    out.failure = std::string(typeid(e).name()) + ": " + e.what();
+  }
+  return out;
+}
+
+void drain(Engine& eng) {
+  try {
+    eng.waitall();  // collects the injected failures nobody waited for
+  } catch (const OpError&) {
+  }
+}
+
+}  // namespace
+
+TEST_SUITE("engine") {
+  TEST_CASE("Protocol.StressAgainstNaive" * doctest::timeout(240)) {
+    // Four frontend threads, each running a random program of its own on
+    // its own vars, on shared read-only and shared read-modify-write vars,
+    // with waits, temporaries, deletes, new vars and throwing ops. Own-var
+    // observations must match the same program run alone under naive
+    // exactly; the shared vars' totals must not depend on the interleaving.
+    constexpr int kThreads = 4;
+    constexpr int kSteps = 2000;
+    constexpr int kRounds = 8;
+    const int num_vars = 6;
+    int mismatches = 0;
+    int ref_errors = 0;
+    for (int round = 0; round < kRounds; ++round) {
+      std::vector<std::vector<Step>> progs;
+      std::vector<Outcome> refs;
+      for (int t = 0; t < kThreads; ++t) {
+        progs.push_back(make_program(static_cast<std::uint32_t>(round * 131 + t + 1), num_vars, kSteps));
+        EngineOptions naive = test::Config{Policy::kNaive, 0}.options();
+        Engine eng(naive);
+        const SharedVars shared = make_shared_vars(eng);
+        refs.push_back(run_program(eng, shared, progs.back(), num_vars, "t" + std::to_string(t), ~std::uint64_t{0}));
+        drain(eng);
+        REQUIRE(refs.back().failure.empty());
+        ref_errors += refs.back().op_errors;
+      }
+      std::uint64_t total_counts = 0;
+      std::uint64_t total_amount = 0;
+      for (const auto& r : refs) {
+        total_counts += r.counts;
+        total_amount += r.amount;
+      }
+      // small windows on odd rounds: frontends stall on each other's work
+      const std::size_t window = round % 2 == 1 ? 8 : 16384;
+      for (const auto& cfg : test::all_configs()) {
+        CAPTURE(round);
+        CAPTURE(cfg.str());
+        Engine eng(cfg.options(window));
+        const SharedVars shared = make_shared_vars(eng);
+        std::vector<Outcome> got(kThreads);
+        std::vector<std::thread> threads;
+        for (int t = 0; t < kThreads; ++t) {
+          threads.emplace_back([&, t] {
+            got[t] = run_program(eng, shared, progs[t], num_vars, "t" + std::to_string(t), total_counts);
+          });
+        }
+        for (auto& th : threads) th.join();
+        drain(eng);
+        eng.wait_to_read(shared.counter);
+        eng.wait_to_read(shared.sum);
+        CHECK(shared.cells->counter.load() == total_counts);
+        CHECK(shared.cells->sum.load() == total_amount);
+        CHECK(eng.stats().unfinished == 0);
+        for (int t = 0; t < kThreads; ++t) {
+          CAPTURE(t);
+          CHECK(got[t].failure == "");
+          CHECK(got[t].bad_shared_reads == 0);
+          CHECK(got[t].op_errors == refs[t].op_errors);
+          CHECK(got[t].bodies_run->load() == refs[t].bodies_run->load());
+          if (got[t].log != refs[t].log) {
+            ++mismatches;
+            CHECK(got[t].log == refs[t].log);
+          }
+        }
+      }
+    }
+    CHECK(mismatches == 0);
+    CHECK(ref_errors > 0);  // the failure paths were exercised
+    MESSAGE("protocol stress: rounds=" << kRounds << " threads=" << kThreads << " steps=" << kSteps
+                                       << " configs=7 mismatches=" << mismatches
+                                       << " op_errors_per_round=" << ref_errors / kRounds);
+  }
+
+  TEST_CASE("Protocol.NoLostWakeup" * doctest::timeout(240)) {
+    // chain_sync: push(x += 1) then wait_to_read(x), many times. A wake-up
+    // lost between the node's completion and the waiter going to sleep
+    // hangs one wait, which the watchdog (LAZYDAG_WATCHDOG) turns into
+    // WatchdogTimeout. The second variant has another frontend thread
+    // pushing and waiting on an unrelated var at the same time.
+    const int iterations = std::getenv("LAZYDAG_DIFF_SEEDS") != nullptr ? 20000 : 200000;
+    for (const auto& cfg : test::all_configs()) {
+      if (cfg.policy == Policy::kNaive) continue;
+      for (bool background : {false, true}) {
+        CAPTURE(cfg.str());
+        CAPTURE(background);
+        Engine eng(cfg.options());
+        Var x = eng.new_var();
+        Var y = eng.new_var();
+        std::uint64_t value = 0;  // written only by the nodes on x
+        std::uint64_t other = 0;  // written only by the nodes on y
+        std::uint64_t pushed = 0;
+        int wrong = 0;
+        int other_wrong = 0;
+        std::string failure;
+        std::string other_failure;
+        std::atomic<bool> done{false};
+        std::thread pusher;
+        if (background) {
+          pusher = std::thread([&] {
+            try {
+              while (!done.load(std::memory_order_acquire)) {
+                eng.push([&other](const RunContext&) { ++other; }, {y}, {y}, {.name = "other"});
+                ++pushed;
+                if (pushed % 16 == 0) {
+                  eng.wait_to_read(y);
+                  if (other != pushed) ++other_wrong;
+                }
+              }
+            } catch (const std::exception& e) {
+              other_failure = e.what();
+            }
+          });
+        }
+        try {
+          for (int i = 1; i <= iterations; ++i) {
+            eng.push([&value](const RunContext&) { ++value; }, {x}, {x}, {.name = "inc"});
+            eng.wait_to_read(x);
+            if (value != static_cast<std::uint64_t>(i)) ++wrong;
+          }
+        } catch (const std::exception& e) {
+          failure = e.what();
+        }
+        done.store(true, std::memory_order_release);
+        if (pusher.joinable()) pusher.join();
+        eng.wait_to_read(y);
+        CHECK(failure == "");
+        CHECK(other_failure == "");
+        CHECK(wrong == 0);
+        CHECK(other_wrong == 0);
+        CHECK(value == static_cast<std::uint64_t>(iterations));
+        CHECK(other == pushed);
+      }
+    }
+  }
+}

@@ -1,13 +1,20 @@
-// The ready queue: nodes whose inputs are done, in the order they should
-// start. Priority 0 (nearly every node) is a FIFO with O(1) push and pop;
-// other priorities go to a heap that is consulted first for positive
-// priorities and last for negative ones.
+// The shared ready queue: nodes whose inputs are done, in the order they
+// should start. Priority 0 (nearly every node) is a FIFO ring with O(1) push
+// and pop; other priorities go to a heap that is consulted first for positive
+// priorities and last for negative ones. A leaf spin lock guards it for a
+// few instructions per operation; `size()` is readable without it, so idle
+// threads poll an atomic instead of the lock. Chains never come here: a
+// completing thread runs its one newly ready successor itself (bypass).
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
-#include <deque>
+#include <memory>
+#include <mutex>
 #include <vector>
+
+#include "sync.hpp"
 
 namespace lazydag::engine::detail {
 
@@ -15,30 +22,47 @@ template <class NodeT>
 class ReadyQueue {
  public:
   void push(NodeT* n, int priority, std::uint64_t seq) {
+    std::lock_guard lk(mu_);
     if (priority == 0) {
-      fifo_.push_back(n);
+      if (count_ == ring_.size()) grow();
+      ring_[(head_ + count_) & (ring_.size() - 1)] = n;
+      ++count_;
     } else {
       heap_.push_back(Entry{priority, seq, n});
       std::push_heap(heap_.begin(), heap_.end(), later);
+      heap_size_.store(heap_.size(), std::memory_order_relaxed);
     }
+    // seq_cst: pairs with the idle threads' check of size() after they
+    // announce themselves parked (see EngineImpl::notify_idle).
+    size_.fetch_add(1, std::memory_order_seq_cst);
   }
 
   /// The next node to start, or null when empty.
   NodeT* pop() {
-    if (!heap_.empty() && (heap_.front().priority > 0 || fifo_.empty())) {
+    if (size_.load(std::memory_order_relaxed) == 0) return nullptr;
+    std::lock_guard lk(mu_);
+    NodeT* n = nullptr;
+    if (!heap_.empty() && (heap_.front().priority > 0 || count_ == 0)) {
       std::pop_heap(heap_.begin(), heap_.end(), later);
-      NodeT* n = heap_.back().node;
+      n = heap_.back().node;
       heap_.pop_back();
-      return n;
+      heap_size_.store(heap_.size(), std::memory_order_relaxed);
+    } else if (count_ != 0) {
+      n = ring_[head_];
+      head_ = (head_ + 1) & (ring_.size() - 1);
+      --count_;
     }
-    if (fifo_.empty()) return nullptr;
-    NodeT* n = fifo_.front();
-    fifo_.pop_front();
+    if (n != nullptr) size_.fetch_sub(1, std::memory_order_relaxed);
     return n;
   }
 
-  [[nodiscard]] std::size_t size() const noexcept { return fifo_.size() + heap_.size(); }
-  [[nodiscard]] bool empty() const noexcept { return fifo_.empty() && heap_.empty(); }
+  [[nodiscard]] std::size_t size() const noexcept { return size_.load(std::memory_order_seq_cst); }
+  [[nodiscard]] bool empty() const noexcept { return size() == 0; }
+  /// Nodes of nonzero priority waiting: a completing thread bypasses the
+  /// queue only when there are none (it would overtake them).
+  [[nodiscard]] bool has_priorities() const noexcept {
+    return heap_size_.load(std::memory_order_relaxed) != 0;
+  }
 
  private:
   // Heap entries keep their sort key inline: sifts compare contiguous
@@ -52,9 +76,20 @@ class ReadyQueue {
   static bool later(const Entry& a, const Entry& b) {
     return a.priority != b.priority ? a.priority < b.priority : a.seq > b.seq;
   }
+  void grow() {
+    std::vector<NodeT*> bigger(std::max<std::size_t>(64, ring_.size() * 2));
+    for (std::size_t i = 0; i < count_; ++i) bigger[i] = ring_[(head_ + i) & (ring_.size() - 1)];
+    ring_.swap(bigger);
+    head_ = 0;
+  }
 
-  std::deque<NodeT*> fifo_;  // ready order, which is record order for nodes ready together
+  SpinLock mu_;
+  std::vector<NodeT*> ring_;  // power-of-two capacity; grows, never shrinks: no steady-state allocation
+  std::size_t head_ = 0;
+  std::size_t count_ = 0;
   std::vector<Entry> heap_;
+  std::atomic<std::size_t> size_{0};
+  std::atomic<std::size_t> heap_size_{0};
 };
 
 }  // namespace lazydag::engine::detail

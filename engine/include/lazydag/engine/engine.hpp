@@ -92,7 +92,7 @@ struct PushOptions {
 /// (lazy|eager|naive), LAZYDAG_NUM_THREADS, LAZYDAG_MAX_PENDING and
 /// LAZYDAG_WATCHDOG (seconds).
 struct EngineOptions {
-  Policy policy = Policy::kLazy;
+  Policy policy = Policy::kEager;
   int num_threads = 0;  ///< CPU workers; 0 = the hardware's concurrency
   /// Recorded nodes kept unstarted before the oldest is started; the engine
   /// also stalls a frontend that has twice this many nodes unfinished.

@@ -1,0 +1,200 @@
+// EngineImpl: the engine's parts and the protocol that ties them together.
+// Members are implemented by topic: record.cpp (vars, nodes, dependency
+// linking, requests, the pending window), schedule.cpp (readiness, bypass,
+// the workers, completion), streams.cpp (stream devices: launch edges,
+// events, run-ahead bounds), waits.cpp (waiters, helping, the watchdog,
+// errors, introspection). docs/architecture.md describes the protocol.
+#pragma once
+
+#include <lazydag/engine/engine.hpp>
+#include <lazydag/engine/stream.hpp>
+
+#include <oneapi/tbb/task_arena.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "graph_mutex.hpp"
+#include "node.hpp"
+#include "node_pool.hpp"
+#include "ready_queue.hpp"
+#include "var_table.hpp"
+
+namespace lazydag::engine::detail {
+
+int default_compute_streams();
+unsigned sim_delay_us();
+
+// Scheduler state of one stream device.
+struct DeviceSlot {
+  std::unique_ptr<StreamDevice> device;
+  std::uint32_t next_stream = 0;  // recorder lock: round-robin for nodes without a producer
+  std::mutex mu;                  // guards the run-ahead fields below
+  std::size_t in_flight = 0;
+  std::size_t in_flight_bytes = 0;
+  std::deque<Node*> held;         // kDeferred nodes, one ref each, oldest first
+};
+
+enum class WaitMode : std::uint8_t { kNode, kAll, kThrottle };
+
+// A frontend thread inside a blocking call. Slots are preallocated (waits
+// allocate nothing); a node tagged with a slot is handed to it when ready.
+struct Waiter {
+  SpinLock lock;                   // guards help and in_use
+  SmallVector<Node*, 16> help;     // ready nodes of its subgraph, one ref each
+  bool in_use = false;
+  WaitMode mode = WaitMode::kNode;
+  std::atomic<bool> idle{false};   // looking for work (spinning or parked): hand it work
+};
+
+thread_local inline const EngineImpl* tls_running_engine = nullptr;
+
+class EngineImpl {
+ public:
+  explicit EngineImpl(EngineOptions options);
+  ~EngineImpl();
+  EngineImpl(const EngineImpl&) = delete;
+  EngineImpl& operator=(const EngineImpl&) = delete;
+
+  // record.cpp
+  Var new_var();
+  void delete_var(Var v);
+  void push(Function fn, std::span<const Var> reads, std::span<const Var> writes,
+            const PushOptions& options);
+  // waits.cpp
+  void wait_to_read(Var v, const CallSite& site);
+  void wait_to_write(Var v, const CallSite& site);
+  void waitall(const CallSite& site);
+  void wait_all_recorded(bool watchdog);
+  EngineStats stats() const;
+  std::vector<PendingNode> pending_nodes() const;
+  // streams.cpp
+  StreamDevice& stream_device(Device d);
+  void run_on_stream(Node* n, const RunContext& ctx);
+  void stream_complete(Node* n, std::exception_ptr async_error, DeviceInterval ran);
+
+  const EngineOptions options_;
+  const int num_threads_;
+  const std::uint64_t profile_id_;  // tells engines apart in a trace
+
+ private:
+  using RecLock = std::unique_lock<GraphMutex>;
+  static constexpr std::uint32_t kMaxWaiters = 64;
+  static constexpr int kMaxStreamDevices = 8;
+
+  // ---- record.cpp: recorder lock held unless said otherwise
+  void check_not_in_op(std::string_view call) const;
+  void add_edge(Node* pred, Node* n);
+  void link(Node* n, std::span<VarState* const> pure_reads, std::span<VarState* const> writes);
+  void record(Node* n);
+  void request(Node* n);
+
+  // ---- schedule.cpp: no lock held
+  void make_ready(Node* n);
+  bool claim(Node* n);
+  Node* pop_queue();
+  Node* pop_help(Waiter& w);
+  void run_chain(Node* n, int worker);
+  void run_node(Node* n, int worker);
+  Node* finish_node(Node* n, bool bypass);
+  Node* complete(Node* n, bool bypass);
+  Node* ready_successor(Node* s, Node* bypass_slot, bool bypass);
+  void execute(Node* n, const RunContext& ctx);
+  void trace(const Node* n) const;
+  void notify_idle();
+  void bury(Node* n) noexcept;
+  void drain_graveyard() noexcept;
+  void runner();
+
+  // ---- streams.cpp
+  DeviceSlot& slot_of(const Device& d);
+  int choose_stream(Node* n, StreamKind kind);  // recorder lock
+  bool claim_stream(Node* n);
+  void launch(Node* n);
+  Node* mark_launched(Node* n, bool bypass);
+
+  // ---- waits.cpp
+  std::uint32_t register_waiter(WaitMode mode, std::uint64_t all_before = 0);
+  void unregister_waiter(std::uint32_t tag, WaitMode mode);
+  void device_done(Node* n);
+  void request_subgraph(Node* target, std::uint32_t tag);  // recorder lock
+  template <class Done>
+  bool help_until(std::uint32_t tag, Done done, bool watchdog);
+  void wait_node(Node* target);  // recorder lock held on entry, released on return
+  void run_now_naive(Node* n);
+  void throttle_frontend();
+  void wake_waiters() noexcept;
+  std::string describe_pending(Node* target);
+
+  // The recorder lock: recording (var table, linking, requests, the pending
+  // window) and the lazy request of a wait's subgraph. Never taken by
+  // completion or by workers, never held across user code.
+  mutable GraphMutex record_mu_;
+  NodePool pool_;
+  VarTable vars_{pool_};
+  std::uint64_t next_seq_ = 1;       // recorder lock
+  Node* unreq_head_ = nullptr;       // recorder lock: the lazy window, record order
+  Node* unreq_tail_ = nullptr;
+  std::size_t unreq_count_ = 0;
+  std::vector<Node*> scratch_;       // recorder lock: traversal stack
+
+  // Unfinished nodes in record order, for waitall (the oldest unfinished
+  // seq), pending_nodes and the watchdog: a leaf lock around four pointer
+  // writes per record and per completion.
+  mutable SpinLock live_mu_;
+  Node* live_head_ = nullptr;
+  Node* live_tail_ = nullptr;
+  std::atomic<std::uint64_t> oldest_live_{~std::uint64_t{0}};  // seq of live_head_, max when empty
+  std::atomic<std::size_t> unfinished_{0};
+
+  // Functions that ran on a worker or device thread, waiting to be
+  // destroyed by a frontend thread (see bury()).
+  std::atomic<Node*> graveyard_{nullptr};
+
+  // Scheduling.
+  ReadyQueue<Node> queue_;  // one ref per entry
+  std::atomic<int> active_runners_{0};  // runners looking for work or running it
+  std::atomic<int> live_tasks_{0};      // runner tasks not yet returned (the destructor waits)
+  std::unique_ptr<tbb::task_arena> arena_;
+
+  // Waiting: frontend threads park on `epoch_` (a futex word bumped by
+  // every event a waiter may be waiting for).
+  std::array<Waiter, kMaxWaiters> waiters_;
+  std::atomic<std::uint32_t> waiters_in_use_{0};
+  std::atomic<std::uint32_t> all_waiters_{0};       // kAll waits registered
+  std::atomic<std::uint64_t> all_threshold_{~std::uint64_t{0}};  // lowest all_before among them
+  std::atomic<std::uint32_t> throttle_waiters_{0};
+  std::atomic<std::uint32_t> epoch_{0};
+  std::atomic<std::uint32_t> parked_{0};            // threads parked on epoch_
+
+  // Errors of failed nodes no wait has reported yet (failures are rare).
+  std::mutex errors_mu_;
+  std::vector<ErrorPtr> unreported_;
+
+  // Counters (relaxed: statistics).
+  std::atomic<std::uint64_t> nodes_recorded_{0};
+  std::atomic<std::uint64_t> nodes_run_{0};
+  std::atomic<std::uint64_t> nodes_failed_{0};
+  std::atomic<std::uint64_t> nodes_skipped_{0};
+  std::atomic<std::uint64_t> nodes_launched_{0};
+  std::atomic<std::uint64_t> in_flight_stalls_{0};
+  std::atomic<std::size_t> peak_unfinished_{0};
+  std::array<std::atomic<std::uint64_t>, kBlockingCallKinds> blocking_calls_{};
+  std::atomic<std::uint64_t> blocked_ns_{0};
+
+  // Stream devices: sim(0..7) then gpu(0..7). `devices_` is written once per
+  // slot under devices_mu_ (creation may be slow: CUDA initialisation) and
+  // read lock-free after.
+  std::array<DeviceSlot, 2 * kMaxStreamDevices> slots_;
+  std::array<std::atomic<StreamDevice*>, 2 * kMaxStreamDevices> devices_{};
+  std::mutex devices_mu_;
+};
+
+}  // namespace lazydag::engine::detail

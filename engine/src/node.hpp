@@ -1,0 +1,133 @@
+// The engine's graph records: vars (VarState), nodes (Node) and the error a
+// failed node leaves on the vars it writes. Who may touch which field, and
+// under what, is written next to each field; docs/architecture.md has the
+// whole protocol.
+#pragma once
+
+#include <lazydag/engine/engine.hpp>
+#include <lazydag/engine/stream.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <string>
+
+#include "small_vector.hpp"
+#include "sync.hpp"
+
+namespace lazydag::engine::detail {
+
+struct Node;
+class EngineImpl;
+
+struct ErrorRecord {
+  std::string op_name;
+  std::exception_ptr cause;
+  std::uint64_t seq = 0;  // of the op that threw: waitall reports the oldest
+  std::atomic<bool> reported{false};  // a wait has thrown it
+  ErrorRecord(std::string name, std::exception_ptr c, std::uint64_t s)
+      : op_name(std::move(name)), cause(std::move(c)), seq(s) {}
+};
+using ErrorPtr = std::shared_ptr<ErrorRecord>;
+
+// Fields marked [rec] belong to the recorder lock (EngineImpl::record_mu_);
+// the others say what orders them.
+struct VarState {
+  Var handle;                     // [rec] generation 0 while never used
+  bool alive = false;             // [rec] false once its deletion is recorded
+  Node* last_writer = nullptr;    // [rec] holds a ref; kept after it finishes (its error)
+  SmallVector<Node*, 4> readers;  // [rec] reads since last_writer, one ref each
+  std::uint32_t prune_at = 8;     // [rec] readers.size() at which finished readers are dropped
+  std::uint32_t next_free = 0;    // free stack link: index + 1 of the next free slot
+  // Unfinished accesses + 1 while alive. Whoever takes it to 0 (delete_var,
+  // or the completion of the last access after it) frees the slot; nobody
+  // else can reach a var that is dead and idle, so that thread owns it.
+  std::atomic<std::uint32_t> holds{0};
+  // Written by the running writer, read by running readers of that version:
+  // the DAG orders them (a reader starts after its writer's completion
+  // released `pending`; the next writer after every reader's).
+  ErrorPtr poison;
+};
+
+// kLaunched: a stream-device node enqueued on its stream, not yet complete.
+// kDeferred: a ready stream-device node held back by the run-ahead bound.
+enum class NodeState : std::uint8_t { kRecorded, kReady, kDeferred, kRunning, kLaunched, kDone };
+
+// The backend's view of a node launched on a stream device.
+struct NodeTask final : StreamTask {
+  EngineImpl* engine = nullptr;
+  Node* node = nullptr;
+  void run(const RunContext& ctx) noexcept override;
+  void complete(std::exception_ptr async_error, DeviceInterval ran) noexcept override;
+};
+
+struct Node {
+  // Written by the recorder before the node is published, then read-only
+  // until it is recycled ([imm]).
+  Function fn;                        // [imm] until run; reset by the thread that runs it
+  SmallVector<VarState*, 4> reads;    // [imm] every var read, read-modify-writes included
+  SmallVector<VarState*, 4> writes;   // [imm]
+  std::string name;                   // [imm]
+  std::uint64_t seq = 0;              // [imm] record order, unique per engine
+  Device device;                      // [imm]
+  int priority = 0;                   // [imm]
+  StreamDevice* sdev = nullptr;       // [imm] null: runs on a CPU worker
+  int stream = -1;                    // [imm]
+  std::size_t bytes = 0;              // [imm] PushOptions::bytes
+
+  // Guarded by `lock`: the successor list (appended by recorders, consumed
+  // once by the completion) and the predecessor list (appended by the
+  // recorder while recording this node, cleared by its completion; readers
+  // of a node that is not their own take the lock).
+  SpinLock lock;
+  SmallVector<Node*, 4> succs;        // no refs: a successor is unfinished, hence alive
+  SmallVector<Node*, 4> preds;        // one ref each, dropped at completion
+
+  // Unfinished predecessors + 1 until requested + 1 until recorded. The
+  // thread that takes it to 0 (acq_rel) makes the node ready: it has seen
+  // every predecessor's effects, each of which released on this counter.
+  std::atomic<std::uint32_t> pending{0};
+  std::atomic<std::uint32_t> refs{0};
+  std::atomic<NodeState> state{NodeState::kRecorded};
+  std::atomic<std::uint32_t> tag{0};      // waiter slot + 1 that runs it first; 0 = none
+  std::atomic<std::uint32_t> waiters{0};  // node waits whose target this is
+  bool requested = false;                 // [rec]
+  bool in_unrequested = false;            // [rec]
+  Node* unreq_prev = nullptr;             // [rec] recorded, not yet requested, in record order
+  Node* unreq_next = nullptr;
+  Node* live_prev = nullptr;              // unfinished nodes in record order (EngineImpl::live_mu_)
+  Node* live_next = nullptr;
+  Node* free_next = nullptr;              // node pool
+  Node* grave_next = nullptr;             // EngineImpl::graveyard_
+
+  // Written by the thread that runs (or launches, or completes) the node
+  // before its completion stores kDone (release); read after kDone is seen.
+  ErrorPtr error;       // set when the node failed or was skipped
+  bool failed = false;  // its function threw
+  bool launch_failed = false;  // stream node: launch threw, nothing was enqueued
+  // Profiler timestamps (ns), set only while the profiler runs.
+  std::uint64_t t_push = 0;
+  std::uint64_t t_ready = 0;
+  std::uint64_t t_start = 0;
+  std::uint64_t t_end = 0;
+  std::uint64_t t_launch_start = 0;  // stream nodes: the host's part (enqueue)
+  std::uint64_t t_launch_end = 0;
+  int worker = -1;
+
+  // Stream devices. An edge between two stream-device nodes is satisfied
+  // when the producer is launched (the consumer's stream waits for its
+  // event); every other edge when the producer is done. `event` and
+  // `has_event` are written by the launcher before kLaunched is stored.
+  StreamEvent event;
+  bool has_event = false;
+  SmallVector<StreamEvent, 4> waits;  // by the thread that claims it: producers on other streams
+  NodeTask task;
+};
+
+// A launch edge: both ends run in stream order.
+inline bool launch_edge(const Node* pred, const Node* succ) {
+  return pred->sdev != nullptr && succ->sdev != nullptr;
+}
+
+}  // namespace lazydag::engine::detail

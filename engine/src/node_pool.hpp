@@ -1,0 +1,91 @@
+// Node storage: blocks of nodes recycled through a free list, so recording
+// allocates nothing in the steady state. Any thread may drop the last
+// reference to a node; only the recorder (under the recorder lock) takes
+// nodes out.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "node.hpp"
+
+namespace lazydag::engine::detail {
+
+class NodePool {
+ public:
+  NodePool() = default;
+  NodePool(const NodePool&) = delete;
+  NodePool& operator=(const NodePool&) = delete;
+
+  /// A clean node with no references. Recorder lock held.
+  Node* alloc() {
+    if (local_ == nullptr) {
+      // Take every returned node at once: a single consumer that exchanges
+      // the whole stack has no ABA problem (pushers only CAS the head).
+      local_ = returned_.exchange(nullptr, std::memory_order_acquire);
+    }
+    if (local_ == nullptr) {
+      auto block = std::make_unique<Node[]>(kBlock);
+      for (std::uint32_t i = 0; i < kBlock; ++i) {
+        block[i].free_next = local_;
+        local_ = &block[i];
+      }
+      blocks_.push_back(std::move(block));
+    }
+    Node* n = local_;
+    local_ = n->free_next;
+    return n;
+  }
+
+  /// Takes one more reference (the caller holds one already, or holds a
+  /// lock that keeps the node from completing).
+  static void retain(Node* n) noexcept { n->refs.fetch_add(1, std::memory_order_relaxed); }
+
+  /// Drops one reference; the last one recycles the node. Any thread.
+  void release(Node* n) noexcept {
+    // acq_rel: every access made under a reference happens before the reset.
+    if (n->refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    reset(n);
+    Node* head = returned_.load(std::memory_order_relaxed);
+    do {
+      n->free_next = head;
+    } while (!returned_.compare_exchange_weak(head, n, std::memory_order_release,
+                                              std::memory_order_relaxed));
+  }
+
+ private:
+  static constexpr std::uint32_t kBlock = 256;
+
+  static void reset(Node* n) noexcept {
+    // fn was reset when the node ran; edge lists were emptied at completion.
+    n->reads.shrink_if_large(16);
+    n->writes.shrink_if_large(16);
+    n->succs.shrink_if_large(64);
+    n->preds.shrink_if_large(64);
+    n->name.clear();
+    n->error.reset();
+    n->tag.store(0, std::memory_order_relaxed);
+    n->waiters.store(0, std::memory_order_relaxed);
+    n->state.store(NodeState::kRecorded, std::memory_order_relaxed);
+    n->requested = false;
+    n->in_unrequested = false;
+    n->failed = false;
+    n->launch_failed = false;
+    n->device = Device{};
+    n->priority = 0;
+    if (n->has_event) n->sdev->release_event(n->event);
+    n->has_event = false;
+    n->sdev = nullptr;
+    n->stream = -1;
+    n->bytes = 0;
+    n->waits.clear();
+  }
+
+  std::vector<std::unique_ptr<Node[]>> blocks_;  // recorder lock
+  Node* local_ = nullptr;                        // recorder lock
+  std::atomic<Node*> returned_{nullptr};         // recycled nodes, pushed by any thread
+};
+
+}  // namespace lazydag::engine::detail

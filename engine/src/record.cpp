@@ -1,0 +1,229 @@
+// Recording: vars, nodes and the dependency edges derived from read and
+// write sets; requests (what may run) and the pending window.
+//
+// Everything here runs under the recorder lock, which only recorders and a
+// wait's request of its subgraph take. Completion never takes it: an edge
+// to a predecessor is added under that predecessor's node lock, which its
+// completion also takes to mark it done and collect its successors, so an
+// edge is either seen by the completion or not added at all.
+#include "engine_impl.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "profiler_internal.hpp"
+
+namespace lazydag::engine::detail {
+
+void EngineImpl::check_not_in_op(std::string_view call) const {
+  if (tls_running_engine == this) {
+    throw InvalidArgument(std::string(call) +
+                          " called from inside a running op of the same engine: it would "
+                          "wait for itself; record a dependent op instead");
+  }
+}
+
+Var EngineImpl::new_var() {
+  RecLock lk(record_mu_);
+  return vars_.create();
+}
+
+// The var is refused from now on; its slot is recycled when its last hold
+// goes: at once when no access is pending, else at the last completion.
+void EngineImpl::delete_var(Var v) {
+  RecLock lk(record_mu_);
+  VarState* s = vars_.find(v, "delete_var");
+  s->alive = false;
+  vars_.drop(s);
+}
+
+void EngineImpl::add_edge(Node* pred, Node* n) {
+  if (n->preds.contains(pred)) return;
+  std::lock_guard g(pred->lock);
+  const NodeState st = pred->state.load(std::memory_order_acquire);
+  if (st == NodeState::kDone) return;
+  n->preds.push_back(pred);
+  NodePool::retain(pred);
+  // A launched producer satisfies a launch edge already: n's stream waits
+  // for its event (kept alive by the ref above).
+  if (launch_edge(pred, n) && st == NodeState::kLaunched) return;
+  pred->succs.push_back(n);
+  n->pending.fetch_add(1, std::memory_order_relaxed);
+}
+
+void EngineImpl::link(Node* n, std::span<VarState* const> pure_reads,
+                      std::span<VarState* const> writes) {
+  for (VarState* s : pure_reads) {
+    if (s->last_writer != nullptr) add_edge(s->last_writer, n);  // read after write
+    if (s->readers.size() >= s->prune_at) {
+      // Drop finished readers so a var read forever does not grow forever.
+      std::uint32_t kept = 0;
+      for (Node* r : s->readers) {
+        if (r->state.load(std::memory_order_acquire) == NodeState::kDone) {
+          pool_.release(r);
+        } else {
+          s->readers[kept++] = r;
+        }
+      }
+      s->readers.resize_down(kept);
+      s->prune_at = std::max<std::uint32_t>(8, kept * 2);
+    }
+    s->readers.push_back(n);
+    NodePool::retain(n);
+  }
+  for (VarState* s : writes) {
+    if (s->last_writer != nullptr) {
+      add_edge(s->last_writer, n);  // write after write
+      pool_.release(s->last_writer);
+    }
+    for (Node* r : s->readers) {
+      add_edge(r, n);  // write after read
+      pool_.release(r);
+    }
+    s->readers.clear();
+    s->prune_at = 8;
+    s->last_writer = n;
+    NodePool::retain(n);
+  }
+}
+
+void EngineImpl::record(Node* n) {
+  n->seq = next_seq_++;
+  NodePool::retain(n);  // the unfinished ref, dropped by its completion
+  {
+    std::lock_guard g(live_mu_);
+    n->live_prev = live_tail_;
+    n->live_next = nullptr;
+    (live_tail_ != nullptr ? live_tail_->live_next : live_head_) = n;
+    live_tail_ = n;
+    if (n->live_prev == nullptr) oldest_live_.store(n->seq, std::memory_order_seq_cst);
+  }
+  const std::size_t live = unfinished_.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (live > peak_unfinished_.load(std::memory_order_relaxed)) {
+    peak_unfinished_.store(live, std::memory_order_relaxed);  // recorders are serialised
+  }
+  nodes_recorded_.fetch_add(1, std::memory_order_relaxed);
+  switch (options_.policy) {
+    case Policy::kNaive:
+      return;  // requested by the wait in push, or at once when recorded by a running op
+    case Policy::kLazy:
+      n->in_unrequested = true;
+      n->unreq_prev = unreq_tail_;
+      n->unreq_next = nullptr;
+      (unreq_tail_ != nullptr ? unreq_tail_->unreq_next : unreq_head_) = n;
+      unreq_tail_ = n;
+      ++unreq_count_;
+      return;
+    case Policy::kEager:
+      request(n);
+      return;
+  }
+}
+
+// Gives up the node's "not requested" count. Invariant: a requested node's
+// unfinished ancestors are all requested (record order is a topological
+// order, and requests go oldest first or ancestors first), so a wait's
+// traversal stops at requested nodes.
+void EngineImpl::request(Node* n) {
+  if (n->requested) return;
+  n->requested = true;
+  if (n->in_unrequested) {
+    n->in_unrequested = false;
+    (n->unreq_prev != nullptr ? n->unreq_prev->unreq_next : unreq_head_) = n->unreq_next;
+    (n->unreq_next != nullptr ? n->unreq_next->unreq_prev : unreq_tail_) = n->unreq_prev;
+    --unreq_count_;
+  }
+  if (n->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) make_ready(n);
+}
+
+void EngineImpl::push(Function fn, std::span<const Var> reads, std::span<const Var> writes,
+                      const PushOptions& options) {
+  std::string_view name = options.name.empty() ? std::string_view("op") : options.name;
+  if (!fn) throw InvalidArgument("push '" + std::string(name) + "': empty function");
+  if (options.device.id < 0) {
+    throw InvalidArgument("push '" + std::string(name) + "': device ids are >= 0, got " +
+                          options.device.str());
+  }
+  StreamDevice* sdev = nullptr;
+  if (options.device.kind != DeviceKind::kCpu) {
+    try {
+      sdev = &stream_device(options.device);
+    } catch (const BackendUnavailable& e) {
+      throw BackendUnavailable("push '" + std::string(name) + "': " + e.what());
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument("push '" + std::string(name) + "': " + e.what());
+    }
+  } else if (options.stream != StreamKind::kCompute) {
+    throw InvalidArgument("push '" + std::string(name) + "': copy streams exist only on stream devices");
+  }
+  const bool in_op = tls_running_engine == this;
+  if (!in_op) drain_graveyard();
+  RecLock lk(record_mu_);
+  // Validate everything before touching the graph: bad input records nothing.
+  SmallVector<VarState*, 8> ws;
+  SmallVector<VarState*, 8> rs;
+  SmallVector<VarState*, 8> pure_reads;
+  for (Var v : writes) {
+    VarState* s = vars_.find(v, "push (write set) of", name);
+    if (!ws.contains(s)) ws.push_back(s);
+  }
+  for (Var v : reads) {
+    VarState* s = vars_.find(v, "push (read set) of", name);
+    if (rs.contains(s)) continue;
+    rs.push_back(s);
+    if (!ws.contains(s)) pure_reads.push_back(s);
+  }
+  const bool profiling = profiler::detail::on();
+  const std::uint64_t t0 = profiling ? profiler::detail::now_ns() : 0;
+  Node* n = pool_.alloc();
+  n->fn = std::move(fn);
+  n->name.assign(name);
+  n->t_push = t0;
+  n->device = options.device;
+  n->priority = options.priority;
+  n->sdev = sdev;
+  n->bytes = options.bytes;
+  n->task.engine = this;
+  n->task.node = n;
+  // One for "not yet recorded" (dropped below, after the lock: the node
+  // cannot become ready while its edges are still being added) and one for
+  // "not yet requested".
+  n->pending.store(2, std::memory_order_relaxed);
+  for (VarState* s : rs) {
+    n->reads.push_back(s);
+    VarTable::hold(s);
+  }
+  for (VarState* s : ws) {
+    n->writes.push_back(s);
+    VarTable::hold(s);
+  }
+  link(n, std::span<VarState* const>(pure_reads.begin(), pure_reads.size()),
+       std::span<VarState* const>(ws.begin(), ws.size()));
+  if (sdev != nullptr) n->stream = choose_stream(n, options.stream);
+  record(n);
+  if (profiling) {
+    profiler::detail::record(
+        profiler::detail::FrontendEvent{"record", std::string(name), {}, t0, profiler::detail::now_ns()});
+  }
+  const bool naive = options_.policy == Policy::kNaive;
+  bool throttle = false;
+  if (naive) {
+    if (in_op) request(n);  // recorded by a running op: runs after it, before the outer wait returns
+  } else if (options_.max_pending != 0) {
+    // The pending window: start the oldest recorded work when the frontend
+    // records far ahead, then stall a frontend that outruns the workers.
+    while (unreq_count_ > options_.max_pending) request(unreq_head_);
+    throttle = !in_op && unfinished_.load(std::memory_order_relaxed) > 2 * options_.max_pending;
+  }
+  const bool run_now = naive && !in_op;
+  if (run_now) NodePool::retain(n);
+  lk.unlock();
+  if (n->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) make_ready(n);
+  if (run_now) {
+    run_now_naive(n);
+  } else if (throttle) {
+    throttle_frontend();
+  }
+}
+
+}  // namespace lazydag::engine::detail

@@ -1,0 +1,397 @@
+// Scheduling: readiness, claiming, the workers, bypass and completion.
+//
+// A node is ready when its `pending` count reaches 0; the thread that takes
+// it there owns the hand-off: it runs the node itself (bypass: the first
+// successor a completing thread makes ready, when no prioritised work waits),
+// gives it to the wait that asked for it, or puts it on the ready queue and
+// makes sure a worker or a helping frontend thread will look. Claiming
+// (kReady -> kRunning, a CAS) decides who runs a node that sits in two
+// places (a waiter's help list and the queue).
+//
+// Workers are oneTBB tasks in the engine's arena. A worker runs chains of
+// ready work, spins briefly when it finds none, then returns; a node made
+// ready when fewer workers than configured are active enqueues one more.
+// The exit protocol and the enqueue check are a Dekker pair on seq_cst
+// operations (queue size, active_runners_), so ready work never strands.
+#include "engine_impl.hpp"
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <climits>
+#include <ctime>
+
+#include "cuda_backend.hpp"
+#include "profiler_internal.hpp"
+
+namespace lazydag::engine::detail {
+
+void futex_wait(std::atomic<std::uint32_t>& word, std::uint32_t expected, std::int64_t timeout_ns) noexcept {
+  static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t));
+  timespec ts{};
+  timespec* tp = nullptr;
+  if (timeout_ns >= 0) {
+    ts.tv_sec = static_cast<time_t>(timeout_ns / 1000000000);
+    ts.tv_nsec = static_cast<long>(timeout_ns % 1000000000);
+    tp = &ts;
+  }
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAIT_PRIVATE, expected, tp, nullptr, 0);
+}
+
+void futex_wake_all(std::atomic<std::uint32_t>& word) noexcept {
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+}
+
+namespace {
+// How long an idle worker looks for work before its task returns.
+constexpr std::chrono::microseconds kRunnerSpin{50};
+// How long a worker leaves a lone ready node to the frontend that has just
+// recorded it (eager): a frontend that waits right after recording runs it
+// itself, with no hand-over between cores; one that records on lets the
+// queue grow, and the worker starts at once.
+constexpr std::chrono::nanoseconds kGrace{1500};
+}  // namespace
+
+// A ready node goes to the waiter that tagged it when that waiter is looking
+// for work (then only there: no worker is woken for it); otherwise onto the
+// queue for the workers, and also into a busy waiter's help list: whichever
+// is first claims it.
+void EngineImpl::make_ready(Node* n) {
+  n->state.store(NodeState::kReady, std::memory_order_release);
+  if (profiler::detail::on()) n->t_ready = profiler::detail::now_ns();
+  if (const std::uint32_t tag = n->tag.load(std::memory_order_relaxed); tag != 0) {
+    Waiter& w = waiters_[tag - 1];
+    bool handed = false;
+    {
+      std::lock_guard g(w.lock);
+      if (w.in_use && w.mode == WaitMode::kNode) {
+        NodePool::retain(n);
+        w.help.push_back(n);
+        handed = true;
+      }
+    }
+    // seq_cst: pairs with the waiter storing idle before it looks at its list.
+    if (handed && w.idle.load(std::memory_order_seq_cst)) {
+      wake_waiters();
+      return;
+    }
+  }
+  NodePool::retain(n);
+  queue_.push(n, n->priority, n->seq);
+  notify_idle();
+}
+
+// After a queue push: one more worker if fewer than configured are active;
+// with none to start, parked frontend threads that help with any work.
+void EngineImpl::notify_idle() {
+  int active = active_runners_.load(std::memory_order_seq_cst);
+  while (active < num_threads_) {
+    if (active_runners_.compare_exchange_weak(active, active + 1, std::memory_order_seq_cst)) {
+      live_tasks_.fetch_add(1, std::memory_order_relaxed);
+      arena_->enqueue([this] { runner(); });
+      return;
+    }
+  }
+  if (parked_.load(std::memory_order_seq_cst) != 0 &&
+      (num_threads_ == 0 || all_waiters_.load(std::memory_order_relaxed) != 0 ||
+       throttle_waiters_.load(std::memory_order_relaxed) != 0)) {
+    wake_waiters();
+  }
+}
+
+// Takes a ready node to run (CPU) or to launch (stream device). A stream
+// node whose device has its run-ahead bound in flight is held instead.
+bool EngineImpl::claim(Node* n) {
+  NodeState expected = NodeState::kReady;
+  if (!n->state.compare_exchange_strong(expected, NodeState::kRunning, std::memory_order_acq_rel)) {
+    return false;
+  }
+  return n->sdev == nullptr || claim_stream(n);
+}
+
+Node* EngineImpl::pop_queue() {
+  while (Node* n = queue_.pop()) {
+    if (claim(n)) return n;  // the queue entry's ref passes to the caller
+    pool_.release(n);        // claimed elsewhere already, or held by its device
+  }
+  return nullptr;
+}
+
+Node* EngineImpl::pop_help(Waiter& w) {
+  for (;;) {
+    Node* n = nullptr;
+    {
+      std::lock_guard g(w.lock);
+      if (w.help.empty()) return nullptr;
+      n = w.help.back();
+      w.help.pop_back();
+    }
+    if (claim(n)) return n;
+    pool_.release(n);
+  }
+}
+
+// Runs `n` (claimed, one ref owned) and then every successor handed back by
+// bypass, on this thread.
+void EngineImpl::run_chain(Node* n, int worker) {
+  while (n != nullptr) {
+    run_node(n, worker);
+    n = finish_node(n, /*bypass=*/true);
+  }
+}
+
+void EngineImpl::run_node(Node* n, int worker) {
+  if (n->sdev == nullptr) {
+    execute(n, RunContext{n->device, nullptr, worker, -1, nullptr});
+  } else {
+    launch(n);
+  }
+}
+
+// After run_node: a CPU node is done; a stream node is launched (unless its
+// completion, which may come first, already said so). Drops the runner's
+// ref; returns a claimed successor to run next, or null.
+Node* EngineImpl::finish_node(Node* n, bool bypass) {
+  Node* next = nullptr;
+  if (n->sdev == nullptr) {
+    next = complete(n, bypass);
+  } else if (n->launch_failed) {
+    (void)mark_launched(n, false);
+    device_done(n);
+    next = complete(n, bypass);
+  } else {
+    next = mark_launched(n, bypass);
+  }
+  pool_.release(n);
+  return next;
+}
+
+// `s` has just become ready on this thread: keep it as the bypass node when
+// allowed and none is kept yet, else hand it off.
+Node* EngineImpl::ready_successor(Node* s, Node* kept, bool bypass) {
+  if (bypass && kept == nullptr && !queue_.has_priorities()) {
+    if (profiler::detail::on()) s->t_ready = profiler::detail::now_ns();
+    s->state.store(NodeState::kReady, std::memory_order_relaxed);
+    NodePool::retain(s);
+    if (claim(s)) return s;
+    pool_.release(s);  // held by its device's run-ahead bound
+    return kept;
+  }
+  make_ready(s);
+  return kept;
+}
+
+void EngineImpl::execute(Node* n, const RunContext& ctx) {
+  ErrorPtr err;
+  for (VarState* v : n->reads) {
+    if (v->poison) {
+      err = v->poison;  // skipped: inherits the failure
+      break;
+    }
+  }
+  bool failed = false;
+  // Still "inside the op" while its captures are destroyed: a destructor
+  // that records (a freed array recording its var's deletion) must not wait.
+  const EngineImpl* outer = tls_running_engine;
+  tls_running_engine = this;
+  const bool profiling = profiler::detail::on();
+  if (profiling) {
+    n->t_start = profiler::detail::now_ns();
+    n->worker = ctx.worker_index;
+  }
+  if (!err) {
+    range_push(n->name.c_str());
+    try {
+      n->fn(ctx);
+    } catch (...) {
+      err = std::make_shared<ErrorRecord>(n->name, std::current_exception(), n->seq);
+      failed = true;
+    }
+    range_pop();
+  }
+  if (profiling) n->t_end = profiler::detail::now_ns();
+  for (VarState* v : n->writes) v->poison = err;  // a successful write clears it
+  if (ctx.worker_index >= 0 || ctx.stream_device != nullptr) {
+    bury(n);  // a worker or device thread: the frontend destroys the captures
+  } else {
+    n->fn.reset();  // captures die here, outside every lock: their destructors may record
+  }
+  tls_running_engine = outer;
+  n->error = std::move(err);
+  n->failed = failed;
+}
+
+// A function that ran on a worker or a device thread is destroyed by the
+// next frontend call (push, a wait) instead: its captures were allocated by
+// the frontend (arrays, buffers, shape vectors), and freeing them here would
+// hand every allocation across threads (contended malloc arenas, the host
+// pool) and take the recorder lock for every var their destructors delete.
+// Destroyed in batches by the frontend, they stay thread-local. The node
+// (one ref) lives until then. Any thread; lock-free MPSC stack.
+void EngineImpl::bury(Node* n) noexcept {
+  NodePool::retain(n);
+  Node* head = graveyard_.load(std::memory_order_relaxed);
+  do {
+    n->grave_next = head;
+  } while (!graveyard_.compare_exchange_weak(head, n, std::memory_order_release, std::memory_order_relaxed));
+}
+
+// A frontend thread outside any op, holding no engine lock: destroys the
+// buried functions (their destructors may record, which drains again).
+void EngineImpl::drain_graveyard() noexcept {
+  if (graveyard_.load(std::memory_order_relaxed) == nullptr) return;
+  Node* n = graveyard_.exchange(nullptr, std::memory_order_acquire);
+  while (n != nullptr) {
+    Node* next = n->grave_next;
+    n->fn.reset();
+    pool_.release(n);
+    n = next;
+  }
+}
+
+void EngineImpl::trace(const Node* n) const {
+  profiler::detail::NodeEvent e;
+  e.engine = profile_id_;
+  e.id = n->seq;
+  e.name = n->name;
+  e.device = n->device;
+  e.worker = n->worker;
+  // A node recorded before the profiler started has only run times.
+  e.t_push = n->t_push != 0 ? n->t_push : n->t_start;
+  e.t_ready = n->t_ready != 0 ? n->t_ready : n->t_start;
+  e.t_start = n->t_start;
+  e.t_end = n->t_end;
+  if (n->sdev != nullptr) {
+    e.stream = n->stream;
+    e.compute_streams = n->sdev->num_compute_streams();
+    e.t_launch_start = n->t_launch_start;
+    e.t_launch_end = n->t_launch_end;
+  }
+  e.ids.reserve(n->reads.size() + n->writes.size() + n->preds.size());
+  for (const VarState* v : n->reads) e.ids.push_back(v->handle.index);
+  for (const VarState* v : n->writes) e.ids.push_back(v->handle.index);
+  for (const Node* p : n->preds) e.ids.push_back(p->seq);
+  e.num_reads = static_cast<std::uint16_t>(n->reads.size());
+  e.num_writes = static_cast<std::uint16_t>(n->writes.size());
+  e.failed = n->failed;
+  e.skipped = !n->failed && n->error != nullptr;
+  profiler::detail::record(std::move(e));
+}
+
+// Marks `n` done: successors lose one pending input (the first made ready
+// is returned for bypass), predecessors and vars lose a hold, waits for it
+// are woken. The caller keeps a ref of its own on `n`.
+Node* EngineImpl::complete(Node* n, bool bypass) {
+  if (n->t_end != 0) {
+    trace(n);
+    n->t_push = n->t_ready = n->t_start = n->t_end = n->t_launch_start = n->t_launch_end = 0;
+  }
+  if (n->failed) {
+    nodes_run_.fetch_add(1, std::memory_order_relaxed);
+    nodes_failed_.fetch_add(1, std::memory_order_relaxed);
+    std::lock_guard g(errors_mu_);
+    unreported_.push_back(n->error);
+  } else if (n->error) {
+    nodes_skipped_.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    nodes_run_.fetch_add(1, std::memory_order_relaxed);
+  }
+  Node* next = nullptr;
+  {
+    std::lock_guard g(n->lock);
+    // seq_cst: a wait increments `waiters` and then reads the state; this
+    // store and the load of `waiters` below form the other half.
+    n->state.store(NodeState::kDone, std::memory_order_seq_cst);
+    for (Node* s : n->succs) {
+      // Launch edges were satisfied when n was launched.
+      if (!launch_edge(n, s) && s->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        next = ready_successor(s, next, bypass);
+      }
+    }
+    n->succs.clear();
+    for (Node* p : n->preds) pool_.release(p);
+    n->preds.clear();
+  }
+  for (VarState* v : n->reads) vars_.drop(v);
+  for (VarState* v : n->writes) vars_.drop(v);
+  std::uint64_t oldest = 0;
+  bool was_oldest = false;
+  {
+    std::lock_guard g(live_mu_);
+    was_oldest = n->live_prev == nullptr;
+    (n->live_prev != nullptr ? n->live_prev->live_next : live_head_) = n->live_next;
+    (n->live_next != nullptr ? n->live_next->live_prev : live_tail_) = n->live_prev;
+    if (was_oldest) {
+      oldest = live_head_ != nullptr ? live_head_->seq : ~std::uint64_t{0};
+      oldest_live_.store(oldest, std::memory_order_seq_cst);
+    }
+  }
+  const std::size_t left = unfinished_.fetch_sub(1, std::memory_order_seq_cst) - 1;
+  if (n->waiters.load(std::memory_order_seq_cst) != 0 ||
+      (was_oldest && all_waiters_.load(std::memory_order_seq_cst) != 0 &&
+       oldest >= all_threshold_.load(std::memory_order_seq_cst)) ||
+      (left <= options_.max_pending && throttle_waiters_.load(std::memory_order_seq_cst) != 0)) {
+    wake_waiters();
+  }
+  pool_.release(n);  // the unfinished ref
+  return next;
+}
+
+void EngineImpl::runner() {
+  const int worker = tbb::this_task_arena::current_thread_index() - 1;
+  if (profiler::detail::on()) {
+    thread_local bool named = false;
+    if (!named) {
+      named = true;
+      profiler::detail::name_thread("worker " + std::to_string(worker));
+    }
+  }
+  const bool grace = options_.policy == Policy::kEager;
+  for (;;) {
+    if (grace && queue_.size() == 1) {
+      const auto until = std::chrono::steady_clock::now() + kGrace;
+      for (unsigned i = 0; queue_.size() == 1; ++i) {
+        if (i % 8 == 7 && std::chrono::steady_clock::now() >= until) break;
+        cpu_relax();
+      }
+    }
+    if (Node* n = pop_queue(); n != nullptr) {
+      run_chain(n, worker);
+      continue;
+    }
+    // Idle: look for work a little longer (a new node is likely soon and
+    // re-enqueueing a task costs more), yielding so a thread that has the
+    // work to record gets the core.
+    bool found = false;
+    const auto until = std::chrono::steady_clock::now() + kRunnerSpin;
+    for (unsigned i = 0;; ++i) {
+      if (!queue_.empty()) {
+        found = true;
+        break;
+      }
+      if (i % 16 == 15) {
+        if (std::chrono::steady_clock::now() >= until) break;
+        std::this_thread::yield();
+      } else {
+        cpu_relax();
+      }
+    }
+    if (found) continue;
+    active_runners_.fetch_sub(1, std::memory_order_seq_cst);
+    // A push that saw this runner still active did not start another: look
+    // once more before leaving, and stay if there is work and room.
+    if (!queue_.empty()) {
+      int active = active_runners_.load(std::memory_order_seq_cst);
+      if (active < num_threads_ &&
+          active_runners_.compare_exchange_strong(active, active + 1, std::memory_order_seq_cst)) {
+        continue;
+      }
+    }
+    break;
+  }
+  live_tasks_.fetch_sub(1, std::memory_order_release);  // last touch of the engine
+}
+
+}  // namespace lazydag::engine::detail

@@ -1,0 +1,188 @@
+// Stream devices in the scheduler: which stream a node goes to, launch
+// edges (a consumer on a stream device becomes ready when its stream-device
+// producers are *launched*; the device orders them by stream order and
+// events), the per-device run-ahead bound, and completions reported by the
+// device. Each device's run-ahead state has a mutex of its own.
+#include "engine_impl.hpp"
+
+#include "cuda_backend.hpp"
+#include "sim_device.hpp"
+
+namespace lazydag::engine::detail {
+
+DeviceSlot& EngineImpl::slot_of(const Device& d) {
+  return slots_[static_cast<std::size_t>((d.kind == DeviceKind::kGpu ? kMaxStreamDevices : 0) + d.id)];
+}
+
+StreamDevice& EngineImpl::stream_device(Device d) {
+  if (d.kind == DeviceKind::kCpu) {
+    throw InvalidArgument("stream_device: " + d.str() + " is not a stream device");
+  }
+  if (d.id < 0 || d.id >= kMaxStreamDevices) {
+    throw InvalidArgument(d.str() + ": device ids are in [0, " + std::to_string(kMaxStreamDevices) + ")");
+  }
+  const auto i = static_cast<std::size_t>((d.kind == DeviceKind::kGpu ? kMaxStreamDevices : 0) + d.id);
+  if (StreamDevice* p = devices_[i].load(std::memory_order_acquire)) return *p;
+  std::lock_guard lk(devices_mu_);
+  if (StreamDevice* p = devices_[i].load(std::memory_order_acquire)) return *p;
+  std::unique_ptr<StreamDevice> dev;
+  if (d.kind == DeviceKind::kSim) {
+    dev = std::make_unique<SimDevice>(d.id, default_compute_streams(), sim_delay_us());
+  } else {
+    dev = make_cuda_device(d.id, default_compute_streams());  // throws BackendUnavailable
+  }
+  StreamDevice* p = dev.get();
+  slots_[i].device = std::move(dev);
+  devices_[i].store(p, std::memory_order_release);
+  return *p;
+}
+
+// Compute nodes follow their latest unfinished producer on the same device
+// (its stream order then carries the dependency, with no event); nodes with
+// none are spread round-robin over the compute streams. Copies use the
+// device's copy streams, so that they overlap compute. Recorder lock held.
+int EngineImpl::choose_stream(Node* n, StreamKind kind) {
+  StreamDevice* d = n->sdev;
+  if (kind == StreamKind::kCopyIn) return d->copy_in_stream();
+  if (kind == StreamKind::kCopyOut) return d->copy_out_stream();
+  const Node* best = nullptr;
+  for (const Node* p : n->preds) {
+    if (p->sdev == d && p->stream < d->num_compute_streams() && (best == nullptr || p->seq > best->seq)) {
+      best = p;
+    }
+  }
+  if (best != nullptr) return best->stream;
+  DeviceSlot& slot = slot_of(d->device());
+  return static_cast<int>(slot.next_stream++ % static_cast<std::uint32_t>(d->num_compute_streams()));
+}
+
+// A claimed stream node either takes a place in its device's run-ahead
+// bound, or is held (kDeferred, one ref) until a completion on that device
+// frees one. Collects the events of producers on other streams.
+bool EngineImpl::claim_stream(Node* n) {
+  DeviceSlot& d = slot_of(n->sdev->device());
+  {
+    std::lock_guard g(d.mu);
+    if (d.in_flight >= options_.max_in_flight ||
+        (d.in_flight != 0 && d.in_flight_bytes + n->bytes > options_.max_in_flight_bytes)) {
+      n->state.store(NodeState::kDeferred, std::memory_order_relaxed);
+      NodePool::retain(n);
+      d.held.push_back(n);
+      in_flight_stalls_.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+    ++d.in_flight;
+    d.in_flight_bytes += n->bytes;
+  }
+  n->waits.clear();
+  // n's own predecessor list changes only at n's completion, so it is read
+  // without n's lock. A producer seen kLaunched has published its event.
+  for (const Node* p : n->preds) {
+    if (p->sdev != nullptr && (p->sdev != n->sdev || p->stream != n->stream) &&
+        p->state.load(std::memory_order_acquire) == NodeState::kLaunched && p->has_event) {
+      n->waits.push_back(p->event);
+    }
+  }
+  return true;
+}
+
+void EngineImpl::launch(Node* n) {
+  // Set before the launch: the device may complete the node, and a consumer
+  // claim it, before launch() returns; `event` is filled in before the
+  // device can run anything.
+  n->has_event = true;
+  try {
+    n->sdev->launch(n->stream, std::span<const StreamEvent>(n->waits.begin(), n->waits.size()),
+                    n->task, n->event);
+  } catch (...) {
+    n->has_event = false;
+    // Nothing was enqueued: the node fails here, and finish_node completes it.
+    auto err = std::make_shared<ErrorRecord>(n->name, std::current_exception(), n->seq);
+    for (VarState* v : n->writes) v->poison = err;
+    const EngineImpl* outer = tls_running_engine;
+    tls_running_engine = this;
+    n->fn.reset();
+    tls_running_engine = outer;
+    n->error = std::move(err);
+    n->failed = true;
+    n->launch_failed = true;
+  }
+}
+
+// kRunning -> kLaunched, once (by the launcher or by an early completion):
+// launch-edge successors lose their pending input now. They leave the list:
+// one may complete, and be recycled, before n completes (its stream waits
+// for n's event, but completions are reported in any order across streams).
+Node* EngineImpl::mark_launched(Node* n, bool bypass) {
+  Node* next = nullptr;
+  std::lock_guard g(n->lock);
+  NodeState expected = NodeState::kRunning;
+  if (!n->state.compare_exchange_strong(expected, NodeState::kLaunched, std::memory_order_seq_cst)) {
+    return nullptr;
+  }
+  nodes_launched_.fetch_add(1, std::memory_order_relaxed);
+  std::uint32_t kept = 0;
+  for (Node* s : n->succs) {
+    if (launch_edge(n, s)) {
+      if (s->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) next = ready_successor(s, next, bypass);
+    } else {
+      n->succs[kept++] = s;
+    }
+  }
+  n->succs.resize_down(kept);
+  return next;
+}
+
+// n leaves its device's run-ahead bound; held nodes that now fit are ready.
+void EngineImpl::device_done(Node* n) {
+  DeviceSlot& d = slot_of(n->sdev->device());
+  SmallVector<Node*, 8> fit;
+  {
+    std::lock_guard g(d.mu);
+    --d.in_flight;
+    d.in_flight_bytes -= n->bytes;
+    while (!d.held.empty() && d.in_flight + fit.size() < options_.max_in_flight &&
+           (d.in_flight + fit.size() == 0 ||
+            d.in_flight_bytes + d.held.front()->bytes <= options_.max_in_flight_bytes)) {
+      fit.push_back(d.held.front());
+      d.held.pop_front();
+    }
+  }
+  for (Node* h : fit) {
+    make_ready(h);
+    pool_.release(h);
+  }
+}
+
+void EngineImpl::run_on_stream(Node* n, const RunContext& ctx) { execute(n, ctx); }
+
+// On the device's thread (sim executor, CUDA completer): never runs CPU work.
+void EngineImpl::stream_complete(Node* n, std::exception_ptr async_error, DeviceInterval ran) {
+  if (n->t_end != 0 && ran.end_ns != 0) {
+    // The profiler shows the device's interval; the host's is the launch.
+    n->t_launch_start = n->t_start;
+    n->t_launch_end = n->t_end;
+    n->t_start = ran.start_ns;
+    n->t_end = ran.end_ns;
+  }
+  if (async_error && !n->error) {
+    // Reported only now: consumers already launched on the device ran on
+    // what it left; the waits report this error (and a CUDA context error
+    // is sticky, failing them too).
+    auto err = std::make_shared<ErrorRecord>(n->name, async_error, n->seq);
+    for (VarState* v : n->writes) v->poison = err;
+    n->error = std::move(err);
+    n->failed = true;
+  }
+  // The launcher holds its ref until it has seen the state: n stays alive.
+  (void)mark_launched(n, false);
+  device_done(n);
+  (void)complete(n, false);
+}
+
+void NodeTask::run(const RunContext& ctx) noexcept { engine->run_on_stream(node, ctx); }
+void NodeTask::complete(std::exception_ptr async_error, DeviceInterval ran) noexcept {
+  engine->stream_complete(node, std::move(async_error), ran);
+}
+
+}  // namespace lazydag::engine::detail

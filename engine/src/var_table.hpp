@@ -1,0 +1,95 @@
+// The var table: slots for engine variables, handed out and checked by the
+// recorder (under the recorder lock), freed by whichever thread drops a
+// var's last hold (delete_var, or the completion of its last access).
+#pragma once
+
+#include <lazydag/engine/error.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "node.hpp"
+#include "node_pool.hpp"
+
+namespace lazydag::engine::detail {
+
+class VarTable {
+ public:
+  explicit VarTable(NodePool& pool) : pool_(pool) {}
+  VarTable(const VarTable&) = delete;
+  VarTable& operator=(const VarTable&) = delete;
+
+  /// A new live var (one hold: its liveness). Recorder lock held.
+  Var create() {
+    std::uint32_t index = 0;
+    if (free_ == 0) free_ = returned_.exchange(0, std::memory_order_acquire);
+    if (free_ != 0) {
+      index = free_ - 1;
+      free_ = slot(index).next_free;
+    } else {
+      if (count_ == std::numeric_limits<std::uint32_t>::max()) throw Error("new_var: out of var slots");
+      if (count_ % kChunk == 0) chunks_.push_back(std::make_unique<VarState[]>(kChunk));
+      index = count_++;
+    }
+    VarState& s = slot(index);
+    s.handle.index = index;
+    s.handle.generation =
+        s.handle.generation == std::numeric_limits<std::uint32_t>::max() ? 1 : s.handle.generation + 1;
+    s.alive = true;
+    s.holds.store(1, std::memory_order_relaxed);
+    return s.handle;
+  }
+
+  /// The live var `v`, or InvalidArgument naming `call` (and the op being
+  /// pushed, if any). The message is built only on failure. Recorder lock held.
+  VarState* find(Var v, std::string_view call, std::string_view op = {}) {
+    bool deleted = false;
+    if (v.valid() && v.index < count_) {
+      VarState& s = slot(v.index);
+      if (s.handle.generation == v.generation && s.alive) return &s;
+      deleted = v.generation <= s.handle.generation;
+    }
+    std::string where(call);
+    if (!op.empty()) where += " '" + std::string(op) + "'";
+    if (deleted) throw InvalidArgument(where + ": var #" + std::to_string(v.index) + " has been deleted");
+    throw InvalidArgument(where + ": unknown var (#" + std::to_string(v.index) + " generation " +
+                          std::to_string(v.generation) + " was never created by this engine)");
+  }
+
+  /// One more unfinished access of a live var. Recorder lock held.
+  static void hold(VarState* s) noexcept { s->holds.fetch_add(1, std::memory_order_relaxed); }
+
+  /// Drops a hold; the last one frees the slot. Any thread.
+  void drop(VarState* s) noexcept {
+    if (s->holds.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    // Dead (the liveness hold is gone) and idle: nobody else can reach it.
+    if (s->last_writer != nullptr) pool_.release(s->last_writer);
+    s->last_writer = nullptr;
+    for (Node* r : s->readers) pool_.release(r);
+    s->readers.shrink_if_large(64);
+    s->prune_at = 8;
+    s->poison.reset();
+    std::uint32_t head = returned_.load(std::memory_order_relaxed);
+    do {
+      s->next_free = head;
+    } while (!returned_.compare_exchange_weak(head, s->handle.index + 1, std::memory_order_release,
+                                              std::memory_order_relaxed));
+  }
+
+ private:
+  static constexpr std::uint32_t kChunk = 4096;
+  VarState& slot(std::uint32_t index) { return chunks_[index / kChunk][index % kChunk]; }
+
+  NodePool& pool_;
+  std::vector<std::unique_ptr<VarState[]>> chunks_;  // recorder lock
+  std::uint32_t count_ = 0;                          // recorder lock
+  std::uint32_t free_ = 0;                           // recorder lock: index + 1
+  std::atomic<std::uint32_t> returned_{0};           // freed slots, pushed by any thread
+};
+
+}  // namespace lazydag::engine::detail

@@ -1,0 +1,536 @@
+// Waits: frontend threads that block until a node (or everything recorded
+// before them) is done, running ready work meanwhile (their own subgraph
+// first); the watchdog's report; errors; the introspection calls.
+//
+// A waiting thread is a worker: it runs the nodes handed to its help list
+// (its required subgraph), then anything on the ready queue. With nothing
+// to run it spins briefly, then parks on the futex word `epoch_`. Every
+// event a waiter can wait for (its target done, the oldest unfinished node
+// advancing past a waitall, the window draining, work handed to it) bumps
+// `epoch_` after making itself visible; a waiter reads `epoch_` before its
+// last check of its condition, so a bump in between makes the futex return
+// at once: no wake-up is lost.
+#include "engine_impl.hpp"
+
+#include <lazydag/engine/sync_debug.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <sstream>
+#include <unordered_set>
+
+#include "profiler_internal.hpp"
+
+namespace lazydag::engine::detail {
+
+namespace {
+
+// How long a waiter with nothing to run spins (then yields) before parking.
+constexpr std::chrono::microseconds kWaitSpin{20};
+
+[[noreturn]] void throw_op_error(const ErrorRecord& e, std::size_t more) {
+  std::string suffix =
+      more == 0 ? std::string() : " (and " + std::to_string(more) + " more failed ops)";
+  // Rethrow the cause first so that OpError's nested_exception captures it.
+  try {
+    std::rethrow_exception(e.cause);
+  } catch (const std::exception& ex) {
+    throw OpError(e.op_name, ex.what() + suffix, e.cause);
+  } catch (...) {
+    throw OpError(e.op_name, "non-standard exception" + suffix, e.cause);
+  }
+}
+
+std::string_view state_name(const Node* n) {
+  switch (n->state.load(std::memory_order_acquire)) {
+    case NodeState::kRecorded: return n->requested ? "waiting for inputs" : "recorded (lazy)";
+    case NodeState::kReady: return "ready";
+    case NodeState::kDeferred: return "ready, held by its device's run-ahead bound";
+    case NodeState::kRunning: return n->sdev != nullptr ? "launching" : "running";
+    case NodeState::kLaunched: return "launched on its stream, not complete";
+    case NodeState::kDone: return "done";
+  }
+  return "?";
+}
+
+}  // namespace
+
+// Times one blocking call and accounts for it (sync debug, counters).
+class BlockingScope {
+ public:
+  BlockingScope(std::array<std::atomic<std::uint64_t>, kBlockingCallKinds>& calls,
+                std::atomic<std::uint64_t>& blocked_ns, const CallSite& site)
+      : calls_(calls), blocked_ns_(blocked_ns), site_(site) {
+    detail::sync_debug_enter(site);
+    t0_ = std::chrono::steady_clock::now();
+  }
+  ~BlockingScope() {
+    const auto ns = static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0_).count());
+    calls_[static_cast<std::size_t>(site_.kind)].fetch_add(1, std::memory_order_relaxed);
+    blocked_ns_.fetch_add(ns, std::memory_order_relaxed);
+    detail::sync_debug_exit(site_, ns);
+    if (profiler::detail::on()) {
+      const std::uint64_t end = profiler::detail::now_ns();
+      profiler::detail::record(profiler::detail::FrontendEvent{
+          "wait", std::string(to_string(site_.kind)),
+          std::string(site_.where.file_name()) + ":" + std::to_string(site_.where.line()), end - ns, end});
+    }
+  }
+  BlockingScope(const BlockingScope&) = delete;
+  BlockingScope& operator=(const BlockingScope&) = delete;
+
+ private:
+  std::array<std::atomic<std::uint64_t>, kBlockingCallKinds>& calls_;
+  std::atomic<std::uint64_t>& blocked_ns_;
+  const CallSite& site_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+void EngineImpl::wake_waiters() noexcept {
+  epoch_.fetch_add(1, std::memory_order_seq_cst);
+  if (parked_.load(std::memory_order_seq_cst) != 0) futex_wake_all(epoch_);
+}
+
+// A waiter slot (tag = index + 1), or 0 when all are taken: the wait then
+// runs untagged (it still helps with the ready queue). The counters are
+// raised before the caller first checks its condition (seq_cst: see complete).
+std::uint32_t EngineImpl::register_waiter(WaitMode mode, std::uint64_t all_before) {
+  if (mode == WaitMode::kAll) {
+    all_waiters_.fetch_add(1, std::memory_order_seq_cst);
+    std::uint64_t cur = all_threshold_.load(std::memory_order_seq_cst);
+    while (all_before < cur &&
+           !all_threshold_.compare_exchange_weak(cur, all_before, std::memory_order_seq_cst)) {
+    }
+  } else if (mode == WaitMode::kThrottle) {
+    throttle_waiters_.fetch_add(1, std::memory_order_seq_cst);
+  }
+  for (std::uint32_t i = 0; i < kMaxWaiters; ++i) {
+    Waiter& w = waiters_[i];
+    std::lock_guard g(w.lock);
+    if (w.in_use) continue;
+    w.in_use = true;
+    w.mode = mode;
+    w.idle.store(false, std::memory_order_relaxed);
+    return i + 1;
+  }
+  return 0;
+}
+
+void EngineImpl::unregister_waiter(std::uint32_t tag, WaitMode mode) {
+  if (mode == WaitMode::kAll) {
+    if (all_waiters_.fetch_sub(1, std::memory_order_seq_cst) == 1) {
+      // A stale (lower) threshold only costs wake-ups; reset it when idle.
+      all_threshold_.store(~std::uint64_t{0}, std::memory_order_seq_cst);
+    }
+  } else if (mode == WaitMode::kThrottle) {
+    throttle_waiters_.fetch_sub(1, std::memory_order_seq_cst);
+  }
+  if (tag == 0) return;
+  Waiter& w = waiters_[tag - 1];
+  SmallVector<Node*, 16> left;
+  {
+    std::lock_guard g(w.lock);
+    w.in_use = false;
+    w.idle.store(false, std::memory_order_relaxed);
+    for (Node* n : w.help) left.push_back(n);
+    w.help.clear();
+  }
+  // Work handed only to this waiter (it was idle then) goes to the queue.
+  for (Node* n : left) {
+    if (n->state.load(std::memory_order_acquire) == NodeState::kReady) {
+      queue_.push(n, n->priority, n->seq);  // the help entry's ref becomes the queue's
+      notify_idle();
+    } else {
+      pool_.release(n);
+    }
+  }
+}
+
+// Requests every unfinished ancestor of `target` and tags it for the
+// waiter: ready ones go to its help list now, the others are handed to it
+// when they become ready. A node is tagged once, by the first waiter that
+// reaches it, and at that point its unfinished ancestors get tagged too
+// (edges only point from older to newer nodes), so a later traversal stops
+// at any tagged node and every node is traversed O(1) times over the
+// engine's life. Tags outlive their waiter only on done nodes: a waiter ends
+// when its target is done, after every ancestor. Without a slot (tag 0) the
+// traversal stops at requested nodes instead: their ancestors are requested
+// already. Iterative: a chain of millions must not recurse. Recorder lock held.
+void EngineImpl::request_subgraph(Node* target, std::uint32_t tag) {
+  scratch_.clear();
+  NodePool::retain(target);
+  scratch_.push_back(target);
+  while (!scratch_.empty()) {
+    Node* n = scratch_.back();
+    scratch_.pop_back();
+    std::uint32_t none = 0;
+    const bool visit =
+        n->state.load(std::memory_order_acquire) != NodeState::kDone &&
+        (tag != 0 ? n->tag.compare_exchange_strong(none, tag, std::memory_order_relaxed) : !n->requested);
+    if (visit) {
+      {
+        std::lock_guard g(n->lock);
+        for (Node* p : n->preds) {
+          if (p->state.load(std::memory_order_acquire) != NodeState::kDone &&
+              p->tag.load(std::memory_order_relaxed) == 0) {
+            NodePool::retain(p);
+            scratch_.push_back(p);
+          }
+        }
+      }
+      if (!n->requested) {
+        request(n);  // make_ready hands it to the waiter when it is ready
+      } else if (tag != 0 && n->state.load(std::memory_order_acquire) == NodeState::kReady) {
+        // Ready and queued already: this waiter may run it first.
+        Waiter& w = waiters_[tag - 1];
+        std::lock_guard g(w.lock);
+        NodePool::retain(n);
+        w.help.push_back(n);
+      }
+    }
+    pool_.release(n);
+  }
+}
+
+// Runs this waiter's share of ready work until done(). Returns false when
+// the watchdog expired first (only when `watchdog` and it is on).
+template <class Done>
+bool EngineImpl::help_until(std::uint32_t tag, Done done, bool watchdog) {
+  const bool timed = watchdog && options_.watchdog_seconds > 0;
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(timed ? options_.watchdog_seconds : 0.0));
+  Waiter* w = tag != 0 ? &waiters_[tag - 1] : nullptr;
+  // A node wait runs only its own subgraph: an unrelated op may block on
+  // something only this thread would do next (a wait must not start it).
+  // waitall and the window run anything ready. An untagged node wait (every
+  // slot taken) has no help list and runs the queue.
+  const bool global = w == nullptr || w->mode != WaitMode::kNode;
+  auto set_idle = [&](bool v) {
+    if (w != nullptr) w->idle.store(v, std::memory_order_seq_cst);
+  };
+  for (;;) {
+    if (done()) break;
+    Node* n = w != nullptr ? pop_help(*w) : nullptr;
+    if (n == nullptr && global) n = pop_queue();
+    if (n != nullptr) {
+      set_idle(false);
+      run_chain(n, -1);
+      continue;
+    }
+    // Nothing to run: spin a little (the work we wait for is likely short
+    // and running elsewhere), yielding so a device executor or a worker on
+    // this core gets it, then park.
+    set_idle(true);
+    bool more = false;
+    const auto until = std::chrono::steady_clock::now() + kWaitSpin;
+    for (unsigned i = 0;; ++i) {
+      if (done() || (global && !queue_.empty())) {
+        more = true;
+        break;
+      }
+      if (w != nullptr) {
+        std::lock_guard g(w->lock);
+        if (!w->help.empty()) {
+          more = true;
+          break;
+        }
+      }
+      if (i % 16 == 15) {
+        if (std::chrono::steady_clock::now() >= until) break;
+        std::this_thread::yield();
+      } else {
+        cpu_relax();
+      }
+    }
+    if (more) continue;
+    drain_graveyard();
+    parked_.fetch_add(1, std::memory_order_seq_cst);
+    const std::uint32_t e = epoch_.load(std::memory_order_seq_cst);
+    bool work = done() || (global && !queue_.empty());
+    if (!work && w != nullptr) {
+      std::lock_guard g(w->lock);
+      work = !w->help.empty();
+    }
+    if (!work) {
+      std::int64_t timeout = -1;
+      if (timed) {
+        timeout = std::max<std::int64_t>(
+            0, std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - std::chrono::steady_clock::now())
+                   .count());
+      }
+      futex_wait(epoch_, e, timeout);
+    }
+    parked_.fetch_sub(1, std::memory_order_seq_cst);
+    if (timed && std::chrono::steady_clock::now() >= deadline && !done()) {
+      set_idle(false);
+      return false;
+    }
+  }
+  set_idle(false);
+  return true;
+}
+
+// Recorder lock held on entry (in `lk` of the caller, passed implicitly by
+// the lock state), released here before helping.
+void EngineImpl::wait_node(Node* target) {
+  if (target->state.load(std::memory_order_acquire) == NodeState::kDone) {
+    record_mu_.unlock();
+    return;
+  }
+  const std::uint32_t tag = register_waiter(WaitMode::kNode);
+  target->waiters.fetch_add(1, std::memory_order_seq_cst);
+  if (tag != 0) waiters_[tag - 1].idle.store(true, std::memory_order_seq_cst);  // traversal's first ready node is ours
+  request_subgraph(target, tag);
+  record_mu_.unlock();
+  const bool finished = help_until(
+      tag, [&] { return target->state.load(std::memory_order_seq_cst) == NodeState::kDone; }, true);
+  target->waiters.fetch_sub(1, std::memory_order_relaxed);
+  unregister_waiter(tag, WaitMode::kNode);
+  if (!finished) {
+    std::string report = describe_pending(target);
+    std::cerr << report;
+    throw WatchdogTimeout(report);
+  }
+}
+
+// The watchdog's report: the unfinished nodes a wait is blocked on (the
+// target's pending ancestors, or every unfinished node for waitall).
+std::string EngineImpl::describe_pending(Node* target) {
+  RecLock lk(record_mu_);
+  std::vector<Node*> nodes;  // one ref each
+  if (target != nullptr) {
+    std::vector<Node*> stack{target};
+    std::unordered_set<const Node*> seen{target};
+    NodePool::retain(target);
+    while (!stack.empty()) {
+      Node* n = stack.back();
+      stack.pop_back();
+      std::lock_guard g(n->lock);
+      if (n->state.load(std::memory_order_acquire) == NodeState::kDone) {
+        nodes.push_back(nullptr);
+        pool_.release(n);
+        continue;
+      }
+      nodes.push_back(n);
+      for (Node* p : n->preds) {
+        if (seen.insert(p).second) {
+          NodePool::retain(p);
+          stack.push_back(p);
+        }
+      }
+    }
+    nodes.erase(std::remove(nodes.begin(), nodes.end(), nullptr), nodes.end());
+  } else {
+    std::lock_guard g(live_mu_);
+    for (Node* n = live_head_; n != nullptr; n = n->live_next) {
+      NodePool::retain(n);
+      nodes.push_back(n);
+    }
+  }
+  std::sort(nodes.begin(), nodes.end(), [](const Node* a, const Node* b) { return a->seq < b->seq; });
+  std::ostringstream os;
+  os << "lazydag watchdog: a wait blocked for more than " << options_.watchdog_seconds << " s on "
+     << nodes.size() << " unfinished node(s):\n";
+  std::size_t shown = 0;
+  for (Node* n : nodes) {
+    if (++shown > 20) {
+      os << "  ... and " << nodes.size() - 20 << " more\n";
+      break;
+    }
+    os << "  #" << n->seq << " '" << n->name << "' on " << n->device.str();
+    if (n->stream >= 0) os << " stream " << n->stream;
+    os << ": " << state_name(n);
+    const std::uint32_t pending = n->pending.load(std::memory_order_relaxed);
+    const std::uint32_t inputs = pending - (n->requested ? 0 : 1);
+    if (inputs != 0 && n->state.load(std::memory_order_relaxed) == NodeState::kRecorded) {
+      os << ", " << inputs << " input(s) pending";
+    }
+    os << "; reads";
+    for (const VarState* v : n->reads) os << " v" << v->handle.index;
+    os << "; writes";
+    for (const VarState* v : n->writes) os << " v" << v->handle.index;
+    os << '\n';
+  }
+  for (Node* n : nodes) pool_.release(n);
+  return os.str();
+}
+
+// naive: `n` (one ref owned by the caller, dropped here) runs on this
+// thread, and so does whatever its function (or a destructor inside it)
+// records, before push returns.
+void EngineImpl::run_now_naive(Node* n) {
+  struct Drop {
+    NodePool& pool;
+    Node* n;
+    ~Drop() { pool.release(n); }
+  } drop{pool_, n};
+  record_mu_.lock();
+  wait_node(n);
+  const std::uint32_t tag = register_waiter(WaitMode::kAll);
+  help_until(tag, [&] { return queue_.empty(); }, /*watchdog=*/false);
+  unregister_waiter(tag, WaitMode::kAll);
+}
+
+// The window: a frontend that has twice max_pending nodes unfinished helps
+// until it is down to max_pending.
+void EngineImpl::throttle_frontend() {
+  const std::uint32_t tag = register_waiter(WaitMode::kThrottle);
+  help_until(tag, [&] { return unfinished_.load(std::memory_order_seq_cst) <= options_.max_pending; },
+             /*watchdog=*/false);
+  unregister_waiter(tag, WaitMode::kThrottle);
+}
+
+// ---- public waits -----------------------------------------------------------
+
+void EngineImpl::wait_to_read(Var v, const CallSite& site) {
+  check_not_in_op("wait_to_read");
+  BlockingScope scope(blocking_calls_, blocked_ns_, site);
+  record_mu_.lock();
+  Node* t = nullptr;
+  try {
+    t = vars_.find(v, "wait_to_read")->last_writer;
+  } catch (...) {
+    record_mu_.unlock();
+    throw;
+  }
+  if (t == nullptr) {
+    record_mu_.unlock();
+    drain_graveyard();
+    return;
+  }
+  NodePool::retain(t);
+  struct Drop {
+    NodePool& pool;
+    Node* n;
+    ~Drop() { pool.release(n); }
+  } drop{pool_, t};
+  wait_node(t);
+  drain_graveyard();
+  if (ErrorPtr e = t->error) {
+    e->reported.store(true, std::memory_order_relaxed);
+    throw_op_error(*e, 0);
+  }
+}
+
+void EngineImpl::wait_to_write(Var v, const CallSite& site) {
+  check_not_in_op("wait_to_write");
+  BlockingScope scope(blocking_calls_, blocked_ns_, site);
+  std::vector<Node*> targets;  // one ref each
+  Node* writer = nullptr;
+  {
+    RecLock lk(record_mu_);
+    VarState* s = vars_.find(v, "wait_to_write");
+    writer = s->last_writer;
+    if (writer != nullptr) targets.push_back(writer);
+    for (Node* r : s->readers) {
+      if (r->state.load(std::memory_order_acquire) != NodeState::kDone) targets.push_back(r);
+    }
+    for (Node* t : targets) NodePool::retain(t);
+  }
+  struct Drop {
+    NodePool& pool;
+    std::vector<Node*>& ts;
+    ~Drop() {
+      for (Node* t : ts) pool.release(t);
+    }
+  } drop{pool_, targets};
+  for (Node* t : targets) {
+    record_mu_.lock();
+    wait_node(t);
+  }
+  drain_graveyard();
+  if (writer != nullptr) {
+    if (ErrorPtr e = writer->error) {
+      e->reported.store(true, std::memory_order_relaxed);
+      throw_op_error(*e, 0);
+    }
+  }
+}
+
+void EngineImpl::waitall(const CallSite& site) {
+  check_not_in_op("waitall");
+  BlockingScope scope(blocking_calls_, blocked_ns_, site);
+  wait_all_recorded(/*watchdog=*/true);
+}
+
+// waitall without the blocking-call accounting: also used by the destructor
+// and at exit, which must run what was recorded whatever sync debug says.
+void EngineImpl::wait_all_recorded(bool watchdog) {
+  std::uint64_t all_before = 0;
+  std::uint32_t tag = 0;
+  {
+    RecLock lk(record_mu_);
+    all_before = next_seq_;
+    tag = register_waiter(WaitMode::kAll, all_before);
+    while (unreq_head_ != nullptr) request(unreq_head_);
+  }
+  const bool finished = help_until(
+      tag, [&] { return oldest_live_.load(std::memory_order_seq_cst) >= all_before; }, watchdog);
+  unregister_waiter(tag, WaitMode::kAll);
+  drain_graveyard();
+  if (!finished) {
+    std::string report = describe_pending(nullptr);
+    std::cerr << report;
+    throw WatchdogTimeout(report);
+  }
+  // Report the oldest failure no wait has reported (deterministic across policies).
+  ErrorPtr first;
+  std::size_t count = 0;
+  {
+    std::lock_guard g(errors_mu_);
+    for (ErrorPtr& e : unreported_) {
+      if (e->reported.exchange(true, std::memory_order_relaxed)) continue;
+      ++count;
+      if (!first || e->seq < first->seq) first = e;
+    }
+    unreported_.clear();
+  }
+  if (first) throw_op_error(*first, count - 1);
+}
+
+EngineStats EngineImpl::stats() const {
+  EngineStats s;
+  s.nodes_recorded = nodes_recorded_.load(std::memory_order_relaxed);
+  s.nodes_run = nodes_run_.load(std::memory_order_relaxed);
+  s.nodes_failed = nodes_failed_.load(std::memory_order_relaxed);
+  s.nodes_skipped = nodes_skipped_.load(std::memory_order_relaxed);
+  s.nodes_launched = nodes_launched_.load(std::memory_order_relaxed);
+  s.in_flight_stalls = in_flight_stalls_.load(std::memory_order_relaxed);
+  s.unfinished = unfinished_.load(std::memory_order_seq_cst);
+  s.peak_unfinished = peak_unfinished_.load(std::memory_order_relaxed);
+  for (std::size_t k = 0; k < kBlockingCallKinds; ++k) {
+    s.blocking_calls[k] = blocking_calls_[k].load(std::memory_order_relaxed);
+    s.blocking_waits += s.blocking_calls[k];
+  }
+  s.blocked_ns = blocked_ns_.load(std::memory_order_relaxed);
+  return s;
+}
+
+std::vector<PendingNode> EngineImpl::pending_nodes() const {
+  RecLock lk(record_mu_);
+  std::lock_guard g(live_mu_);  // listed nodes cannot complete-and-recycle meanwhile
+  std::vector<PendingNode> out;
+  for (Node* n = live_head_; n != nullptr; n = n->live_next) {
+    PendingNode p;
+    p.id = n->seq;
+    p.name = n->name;
+    p.device = n->device;
+    p.priority = n->priority;
+    p.requested = n->requested;
+    {
+      std::lock_guard ng(n->lock);
+      for (const Node* q : n->preds) {
+        if (q->state.load(std::memory_order_acquire) != NodeState::kDone) p.preds.push_back(q->seq);
+      }
+    }
+    for (const VarState* v : n->reads) p.reads.push_back(v->handle);
+    for (const VarState* v : n->writes) p.writes.push_back(v->handle);
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+}  // namespace lazydag::engine::detail

@@ -138,18 +138,28 @@ EngineImpl::EngineImpl(EngineOptions options)
 }
 
 EngineImpl::~EngineImpl() {
-  try {
-    wait_all_recorded(/*watchdog=*/false);
-  } catch (const std::exception& e) {
-    std::cerr << "lazydag: engine destroyed with an error no wait collected: " << e.what()
-              << '\n';
+  // Run what was recorded, and what destroying buried captures records in
+  // turn, until nothing is left.
+  for (int round = 0;; ++round) {
+    try {
+      wait_all_recorded(/*watchdog=*/false);
+    } catch (const std::exception& e) {
+      std::cerr << "lazydag: engine destroyed with an error no wait collected: " << e.what() << '\n';
+    }
+    drain_graveyard();
+    if ((graveyard_.load(std::memory_order_acquire) == nullptr &&
+         unfinished_.load(std::memory_order_seq_cst) == 0) ||
+        round == 1000) {
+      break;
+    }
   }
   // Worker tasks leave within their idle spin; wait for the last to return.
   while (live_tasks_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
-  drain_graveyard();
   // Joins the emulated executors (a completion may still be finishing).
-  for (DeviceSlot& d : slots_) d.device.reset();
-  drain_graveyard();
+  for (std::size_t i = 0; i < slots_.size(); ++i) {
+    devices_[i].store(nullptr, std::memory_order_release);
+    slots_[i].device.reset();
+  }
 }
 
 }  // namespace detail

@@ -56,6 +56,14 @@ struct Waiter {
 
 thread_local inline const EngineImpl* tls_running_engine = nullptr;
 
+// Which newly ready successor a completing thread may run itself next:
+// none (device threads), any (workers, waitall), or only one tagged for the
+// node wait this thread is in (a wait runs its own subgraph, nothing else).
+struct Bypass {
+  bool on = false;
+  std::uint32_t only_tag = 0;  // 0: any
+};
+
 class EngineImpl {
  public:
   explicit EngineImpl(EngineOptions options);
@@ -101,11 +109,11 @@ class EngineImpl {
   bool claim(Node* n);
   Node* pop_queue();
   Node* pop_help(Waiter& w);
-  void run_chain(Node* n, int worker);
+  void run_chain(Node* n, int worker, Bypass bypass);
   void run_node(Node* n, int worker);
-  Node* finish_node(Node* n, bool bypass);
-  Node* complete(Node* n, bool bypass);
-  Node* ready_successor(Node* s, Node* bypass_slot, bool bypass);
+  Node* finish_node(Node* n, Bypass bypass);
+  Node* complete(Node* n, Bypass bypass);
+  Node* ready_successor(Node* s, Node* kept, Bypass bypass);
   void execute(Node* n, const RunContext& ctx);
   void trace(const Node* n) const;
   void notify_idle();
@@ -118,13 +126,14 @@ class EngineImpl {
   int choose_stream(Node* n, StreamKind kind);  // recorder lock
   bool claim_stream(Node* n);
   void launch(Node* n);
-  Node* mark_launched(Node* n, bool bypass);
+  Node* mark_launched(Node* n, Bypass bypass);
 
   // ---- waits.cpp
   std::uint32_t register_waiter(WaitMode mode, std::uint64_t all_before = 0);
-  void unregister_waiter(std::uint32_t tag, WaitMode mode);
+  void unregister_waiter(std::uint32_t tag, WaitMode mode, std::uint64_t all_before = 0);
   void device_done(Node* n);
   void request_subgraph(Node* target, std::uint32_t tag);  // recorder lock
+  void untag(Node* target, std::uint32_t tag);
   template <class Done>
   bool help_until(std::uint32_t tag, Done done, bool watchdog);
   void wait_node(Node* target);  // recorder lock held on entry, released on return
@@ -170,6 +179,8 @@ class EngineImpl {
   std::atomic<std::uint32_t> waiters_in_use_{0};
   std::atomic<std::uint32_t> all_waiters_{0};       // kAll waits registered
   std::atomic<std::uint64_t> all_threshold_{~std::uint64_t{0}};  // lowest all_before among them
+  std::mutex all_mu_;                   // waitall registration (cold): the marks below
+  std::vector<std::uint64_t> all_marks_;  // all_before of each registered waitall
   std::atomic<std::uint32_t> throttle_waiters_{0};
   std::atomic<std::uint32_t> epoch_{0};
   std::atomic<std::uint32_t> parked_{0};            // threads parked on epoch_

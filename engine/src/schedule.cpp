@@ -59,9 +59,16 @@ constexpr std::chrono::nanoseconds kGrace{1500};
 // queue for the workers, and also into a busy waiter's help list: whichever
 // is first claims it.
 void EngineImpl::make_ready(Node* n) {
-  n->state.store(NodeState::kReady, std::memory_order_release);
+  // seq_cst store, then seq_cst load of the tag: against a wait's tag CAS
+  // then its load of the state (request_subgraph), one of the two sees the
+  // other, so a node of a wait's subgraph always reaches that wait.
+  // The queue's ref first: once kReady is visible (a wait's traversal may
+  // put the node in its help list) or it is in a help list, the node may
+  // run, complete and lose every other ref before this thread reads it again.
+  NodePool::retain(n);
   if (profiler::detail::on()) n->t_ready = profiler::detail::now_ns();
-  if (const std::uint32_t tag = n->tag.load(std::memory_order_relaxed); tag != 0) {
+  n->state.store(NodeState::kReady, std::memory_order_seq_cst);
+  if (const std::uint32_t tag = n->tag.load(std::memory_order_seq_cst); tag != 0) {
     Waiter& w = waiters_[tag - 1];
     bool handed = false;
     {
@@ -75,10 +82,10 @@ void EngineImpl::make_ready(Node* n) {
     // seq_cst: pairs with the waiter storing idle before it looks at its list.
     if (handed && w.idle.load(std::memory_order_seq_cst)) {
       wake_waiters();
+      pool_.release(n);
       return;
     }
   }
-  NodePool::retain(n);
   queue_.push(n, n->priority, n->seq);
   notify_idle();
 }
@@ -135,10 +142,10 @@ Node* EngineImpl::pop_help(Waiter& w) {
 
 // Runs `n` (claimed, one ref owned) and then every successor handed back by
 // bypass, on this thread.
-void EngineImpl::run_chain(Node* n, int worker) {
+void EngineImpl::run_chain(Node* n, int worker, Bypass bypass) {
   while (n != nullptr) {
     run_node(n, worker);
-    n = finish_node(n, /*bypass=*/true);
+    n = finish_node(n, bypass);
   }
 }
 
@@ -153,12 +160,12 @@ void EngineImpl::run_node(Node* n, int worker) {
 // After run_node: a CPU node is done; a stream node is launched (unless its
 // completion, which may come first, already said so). Drops the runner's
 // ref; returns a claimed successor to run next, or null.
-Node* EngineImpl::finish_node(Node* n, bool bypass) {
+Node* EngineImpl::finish_node(Node* n, Bypass bypass) {
   Node* next = nullptr;
   if (n->sdev == nullptr) {
     next = complete(n, bypass);
   } else if (n->launch_failed) {
-    (void)mark_launched(n, false);
+    (void)mark_launched(n, Bypass{});
     device_done(n);
     next = complete(n, bypass);
   } else {
@@ -170,11 +177,12 @@ Node* EngineImpl::finish_node(Node* n, bool bypass) {
 
 // `s` has just become ready on this thread: keep it as the bypass node when
 // allowed and none is kept yet, else hand it off.
-Node* EngineImpl::ready_successor(Node* s, Node* kept, bool bypass) {
-  if (bypass && kept == nullptr && !queue_.has_priorities()) {
+Node* EngineImpl::ready_successor(Node* s, Node* kept, Bypass bypass) {
+  if (bypass.on && kept == nullptr && !queue_.has_priorities() &&
+      (bypass.only_tag == 0 || s->tag.load(std::memory_order_seq_cst) == bypass.only_tag)) {
+    NodePool::retain(s);  // before kReady is visible: see make_ready
     if (profiler::detail::on()) s->t_ready = profiler::detail::now_ns();
-    s->state.store(NodeState::kReady, std::memory_order_relaxed);
-    NodePool::retain(s);
+    s->state.store(NodeState::kReady, std::memory_order_seq_cst);
     if (claim(s)) return s;
     pool_.release(s);  // held by its device's run-ahead bound
     return kept;
@@ -243,12 +251,17 @@ void EngineImpl::bury(Node* n) noexcept {
 void EngineImpl::drain_graveyard() noexcept {
   if (graveyard_.load(std::memory_order_relaxed) == nullptr) return;
   Node* n = graveyard_.exchange(nullptr, std::memory_order_acquire);
+  // "Inside the op" while captures are destroyed, as if on the thread that
+  // ran them: a destructor that records does not drain, wait or stall.
+  const EngineImpl* outer = tls_running_engine;
+  tls_running_engine = this;
   while (n != nullptr) {
     Node* next = n->grave_next;
     n->fn.reset();
     pool_.release(n);
     n = next;
   }
+  tls_running_engine = outer;
 }
 
 void EngineImpl::trace(const Node* n) const {
@@ -283,7 +296,7 @@ void EngineImpl::trace(const Node* n) const {
 // Marks `n` done: successors lose one pending input (the first made ready
 // is returned for bypass), predecessors and vars lose a hold, waits for it
 // are woken. The caller keeps a ref of its own on `n`.
-Node* EngineImpl::complete(Node* n, bool bypass) {
+Node* EngineImpl::complete(Node* n, Bypass bypass) {
   if (n->t_end != 0) {
     trace(n);
     n->t_push = n->t_ready = n->t_start = n->t_end = n->t_launch_start = n->t_launch_end = 0;
@@ -358,7 +371,7 @@ void EngineImpl::runner() {
       }
     }
     if (Node* n = pop_queue(); n != nullptr) {
-      run_chain(n, worker);
+      run_chain(n, worker, Bypass{true, 0});
       continue;
     }
     // Idle: look for work a little longer (a new node is likely soon and

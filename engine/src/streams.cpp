@@ -113,7 +113,7 @@ void EngineImpl::launch(Node* n) {
 // launch-edge successors lose their pending input now. They leave the list:
 // one may complete, and be recycled, before n completes (its stream waits
 // for n's event, but completions are reported in any order across streams).
-Node* EngineImpl::mark_launched(Node* n, bool bypass) {
+Node* EngineImpl::mark_launched(Node* n, Bypass bypass) {
   Node* next = nullptr;
   std::lock_guard g(n->lock);
   NodeState expected = NodeState::kRunning;
@@ -141,9 +141,10 @@ void EngineImpl::device_done(Node* n) {
     std::lock_guard g(d.mu);
     --d.in_flight;
     d.in_flight_bytes -= n->bytes;
+    std::size_t bytes = d.in_flight_bytes;
     while (!d.held.empty() && d.in_flight + fit.size() < options_.max_in_flight &&
-           (d.in_flight + fit.size() == 0 ||
-            d.in_flight_bytes + d.held.front()->bytes <= options_.max_in_flight_bytes)) {
+           (d.in_flight + fit.size() == 0 || bytes + d.held.front()->bytes <= options_.max_in_flight_bytes)) {
+      bytes += d.held.front()->bytes;
       fit.push_back(d.held.front());
       d.held.pop_front();
     }
@@ -175,9 +176,9 @@ void EngineImpl::stream_complete(Node* n, std::exception_ptr async_error, Device
     n->failed = true;
   }
   // The launcher holds its ref until it has seen the state: n stays alive.
-  (void)mark_launched(n, false);
+  (void)mark_launched(n, Bypass{});
   device_done(n);
-  (void)complete(n, false);
+  (void)complete(n, Bypass{});
 }
 
 void NodeTask::run(const RunContext& ctx) noexcept { engine->run_on_stream(node, ctx); }

@@ -98,11 +98,14 @@ void EngineImpl::wake_waiters() noexcept {
 // raised before the caller first checks its condition (seq_cst: see complete).
 std::uint32_t EngineImpl::register_waiter(WaitMode mode, std::uint64_t all_before) {
   if (mode == WaitMode::kAll) {
+    // Completions wake waitalls only when the oldest unfinished node passes
+    // the lowest mark; the store of the new threshold comes before the
+    // caller's first look at the oldest unfinished seq (seq_cst pair with
+    // complete()'s store of it and load of the threshold).
+    std::lock_guard g(all_mu_);
     all_waiters_.fetch_add(1, std::memory_order_seq_cst);
-    std::uint64_t cur = all_threshold_.load(std::memory_order_seq_cst);
-    while (all_before < cur &&
-           !all_threshold_.compare_exchange_weak(cur, all_before, std::memory_order_seq_cst)) {
-    }
+    all_marks_.push_back(all_before);
+    all_threshold_.store(*std::min_element(all_marks_.begin(), all_marks_.end()), std::memory_order_seq_cst);
   } else if (mode == WaitMode::kThrottle) {
     throttle_waiters_.fetch_add(1, std::memory_order_seq_cst);
   }
@@ -118,12 +121,14 @@ std::uint32_t EngineImpl::register_waiter(WaitMode mode, std::uint64_t all_befor
   return 0;
 }
 
-void EngineImpl::unregister_waiter(std::uint32_t tag, WaitMode mode) {
+void EngineImpl::unregister_waiter(std::uint32_t tag, WaitMode mode, std::uint64_t all_before) {
   if (mode == WaitMode::kAll) {
-    if (all_waiters_.fetch_sub(1, std::memory_order_seq_cst) == 1) {
-      // A stale (lower) threshold only costs wake-ups; reset it when idle.
-      all_threshold_.store(~std::uint64_t{0}, std::memory_order_seq_cst);
-    }
+    std::lock_guard g(all_mu_);
+    all_marks_.erase(std::find(all_marks_.begin(), all_marks_.end(), all_before));
+    all_threshold_.store(all_marks_.empty() ? ~std::uint64_t{0}
+                                            : *std::min_element(all_marks_.begin(), all_marks_.end()),
+                         std::memory_order_seq_cst);
+    all_waiters_.fetch_sub(1, std::memory_order_seq_cst);
   } else if (mode == WaitMode::kThrottle) {
     throttle_waiters_.fetch_sub(1, std::memory_order_seq_cst);
   }
@@ -168,7 +173,7 @@ void EngineImpl::request_subgraph(Node* target, std::uint32_t tag) {
     std::uint32_t none = 0;
     const bool visit =
         n->state.load(std::memory_order_acquire) != NodeState::kDone &&
-        (tag != 0 ? n->tag.compare_exchange_strong(none, tag, std::memory_order_relaxed) : !n->requested);
+        (tag != 0 ? n->tag.compare_exchange_strong(none, tag, std::memory_order_seq_cst) : !n->requested);
     if (visit) {
       {
         std::lock_guard g(n->lock);
@@ -182,12 +187,34 @@ void EngineImpl::request_subgraph(Node* target, std::uint32_t tag) {
       }
       if (!n->requested) {
         request(n);  // make_ready hands it to the waiter when it is ready
-      } else if (tag != 0 && n->state.load(std::memory_order_acquire) == NodeState::kReady) {
+      } else if (tag != 0 && n->state.load(std::memory_order_seq_cst) == NodeState::kReady) {
         // Ready and queued already: this waiter may run it first.
         Waiter& w = waiters_[tag - 1];
         std::lock_guard g(w.lock);
         NodePool::retain(n);
         w.help.push_back(n);
+      }
+    }
+    pool_.release(n);
+  }
+}
+
+// Clears `tag` from the unfinished nodes of target's subgraph that carry it.
+// Recorder lock held.
+void EngineImpl::untag(Node* target, std::uint32_t tag) {
+  scratch_.clear();
+  NodePool::retain(target);
+  scratch_.push_back(target);
+  while (!scratch_.empty()) {
+    Node* n = scratch_.back();
+    scratch_.pop_back();
+    std::uint32_t mine = tag;
+    if (n->state.load(std::memory_order_acquire) != NodeState::kDone &&
+        n->tag.compare_exchange_strong(mine, 0, std::memory_order_seq_cst)) {
+      std::lock_guard g(n->lock);
+      for (Node* p : n->preds) {
+        NodePool::retain(p);
+        scratch_.push_back(p);
       }
     }
     pool_.release(n);
@@ -217,12 +244,15 @@ bool EngineImpl::help_until(std::uint32_t tag, Done done, bool watchdog) {
     if (n == nullptr && global) n = pop_queue();
     if (n != nullptr) {
       set_idle(false);
-      run_chain(n, -1);
+      run_chain(n, -1, Bypass{true, global ? 0 : tag});
+      drain_graveyard();
       continue;
     }
     // Nothing to run: spin a little (the work we wait for is likely short
     // and running elsewhere), yielding so a device executor or a worker on
-    // this core gets it, then park.
+    // this core gets it, then park. Captures buried meanwhile are destroyed
+    // first, while work for this waiter still also goes to the queue.
+    drain_graveyard();
     set_idle(true);
     bool more = false;
     const auto until = std::chrono::steady_clock::now() + kWaitSpin;
@@ -246,7 +276,6 @@ bool EngineImpl::help_until(std::uint32_t tag, Done done, bool watchdog) {
       }
     }
     if (more) continue;
-    drain_graveyard();
     parked_.fetch_add(1, std::memory_order_seq_cst);
     const std::uint32_t e = epoch_.load(std::memory_order_seq_cst);
     bool work = done() || (global && !queue_.empty());
@@ -288,6 +317,12 @@ void EngineImpl::wait_node(Node* target) {
   const bool finished = help_until(
       tag, [&] { return target->state.load(std::memory_order_seq_cst) == NodeState::kDone; }, true);
   target->waiters.fetch_sub(1, std::memory_order_relaxed);
+  if (!finished && tag != 0) {
+    // Leave no tag of this waiter behind on unfinished nodes: the slot's
+    // next owner would be handed them.
+    std::lock_guard lk(record_mu_);
+    untag(target, tag);
+  }
   unregister_waiter(tag, WaitMode::kNode);
   if (!finished) {
     std::string report = describe_pending(target);
@@ -369,9 +404,9 @@ void EngineImpl::run_now_naive(Node* n) {
   } drop{pool_, n};
   record_mu_.lock();
   wait_node(n);
-  const std::uint32_t tag = register_waiter(WaitMode::kAll);
+  const std::uint32_t tag = register_waiter(WaitMode::kAll, 0);
   help_until(tag, [&] { return queue_.empty(); }, /*watchdog=*/false);
-  unregister_waiter(tag, WaitMode::kAll);
+  unregister_waiter(tag, WaitMode::kAll, 0);
 }
 
 // The window: a frontend that has twice max_pending nodes unfinished helps
@@ -469,7 +504,7 @@ void EngineImpl::wait_all_recorded(bool watchdog) {
   }
   const bool finished = help_until(
       tag, [&] { return oldest_live_.load(std::memory_order_seq_cst) >= all_before; }, watchdog);
-  unregister_waiter(tag, WaitMode::kAll);
+  unregister_waiter(tag, WaitMode::kAll, all_before);
   drain_graveyard();
   if (!finished) {
     std::string report = describe_pending(nullptr);

@@ -46,7 +46,14 @@ TEST_SUITE("engine") {
       // Without the window the 10M nodes would need several GiB.
       MESSAGE("policy=" << to_string(p) << " peak_rss_growth_kib=" << grown_kib
                         << " peak_unfinished=" << eng.stats().peak_unfinished);
+#if defined(__SANITIZE_THREAD__)
+      // ThreadSanitizer keeps shadow memory and a vector clock per atomic
+      // the engine synchronises on: a constant factor, still far below an
+      // unbounded graph.
+      CHECK(grown_kib < 256 * 1024);
+#else
       CHECK(grown_kib < 64 * 1024);
+#endif
       CHECK(eng.stats().peak_unfinished <= 2 * o.max_pending + 1);
       eng.waitall();
       std::uint64_t total = 0;

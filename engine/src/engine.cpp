@@ -148,7 +148,7 @@ EngineImpl::~EngineImpl() {
     }
     drain_graveyard();
     if ((graveyard_.load(std::memory_order_acquire) == nullptr &&
-         unfinished_.load(std::memory_order_seq_cst) == 0) ||
+         unfinished() == 0) ||
         round == 1000) {
       break;
     }

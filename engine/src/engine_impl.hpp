@@ -82,7 +82,7 @@ class EngineImpl {
   void waitall(const CallSite& site);
   void wait_all_recorded(bool watchdog);
   EngineStats stats() const;
-  std::vector<PendingNode> pending_nodes() const;
+  std::vector<PendingNode> pending_nodes();
   // streams.cpp
   StreamDevice& stream_device(Device d);
   void run_on_stream(Node* n, const RunContext& ctx);
@@ -129,8 +129,8 @@ class EngineImpl {
   Node* mark_launched(Node* n, Bypass bypass);
 
   // ---- waits.cpp
-  std::uint32_t register_waiter(WaitMode mode, std::uint64_t all_before = 0);
-  void unregister_waiter(std::uint32_t tag, WaitMode mode, std::uint64_t all_before = 0);
+  std::uint32_t register_waiter(WaitMode mode);
+  void unregister_waiter(std::uint32_t tag, WaitMode mode);
   void device_done(Node* n);
   void request_subgraph(Node* target, std::uint32_t tag);  // recorder lock
   void untag(Node* target, std::uint32_t tag);
@@ -154,14 +154,17 @@ class EngineImpl {
   std::size_t unreq_count_ = 0;
   std::vector<Node*> scratch_;       // recorder lock: traversal stack
 
-  // Unfinished nodes in record order, for waitall (the oldest unfinished
-  // seq), pending_nodes and the watchdog: a leaf lock around four pointer
-  // writes per record and per completion.
-  mutable SpinLock live_mu_;
-  Node* live_head_ = nullptr;
-  Node* live_tail_ = nullptr;
-  std::atomic<std::uint64_t> oldest_live_{~std::uint64_t{0}};  // seq of live_head_, max when empty
-  std::atomic<std::size_t> unfinished_{0};
+  // Unfinished nodes, counted by the parity of the waitall epoch they were
+  // recorded in. A waitall flips the epoch (recorder lock) and waits for the
+  // old parity's count to reach 0: every node recorded before it is then
+  // done. (Nodes recorded after a second, concurrent waitall's flip share
+  // that count: the first waitall may wait for them too, never too little.)
+  std::uint64_t waitall_epoch_ = 0;  // recorder lock
+  std::array<std::atomic<std::int64_t>, 2> unfinished_by_epoch_{};
+  [[nodiscard]] std::size_t unfinished() const noexcept {
+    return static_cast<std::size_t>(unfinished_by_epoch_[0].load(std::memory_order_seq_cst) +
+                                    unfinished_by_epoch_[1].load(std::memory_order_seq_cst));
+  }
 
   // Functions that ran on a worker or device thread, waiting to be
   // destroyed by a frontend thread (see bury()).
@@ -178,9 +181,6 @@ class EngineImpl {
   std::array<Waiter, kMaxWaiters> waiters_;
   std::atomic<std::uint32_t> waiters_in_use_{0};
   std::atomic<std::uint32_t> all_waiters_{0};       // kAll waits registered
-  std::atomic<std::uint64_t> all_threshold_{~std::uint64_t{0}};  // lowest all_before among them
-  std::mutex all_mu_;                   // waitall registration (cold): the marks below
-  std::vector<std::uint64_t> all_marks_;  // all_before of each registered waitall
   std::atomic<std::uint32_t> throttle_waiters_{0};
   std::atomic<std::uint32_t> epoch_{0};
   std::atomic<std::uint32_t> parked_{0};            // threads parked on epoch_

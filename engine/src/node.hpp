@@ -96,8 +96,8 @@ struct Node {
   bool in_unrequested = false;            // [rec]
   Node* unreq_prev = nullptr;             // [rec] recorded, not yet requested, in record order
   Node* unreq_next = nullptr;
-  Node* live_prev = nullptr;              // unfinished nodes in record order (EngineImpl::live_mu_)
-  Node* live_next = nullptr;
+  bool live = false;                      // recorded and not done (`lock`; set before publication)
+  std::uint8_t epoch = 0;                 // [imm] waitall epoch parity it is counted in
   Node* free_next = nullptr;              // node pool
   Node* grave_next = nullptr;             // EngineImpl::graveyard_
 

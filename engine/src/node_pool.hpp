@@ -39,6 +39,14 @@ class NodePool {
     return n;
   }
 
+  /// Calls f(node) for every node ever allocated. Recorder lock held.
+  template <class F>
+  void for_each(F f) {
+    for (auto& b : blocks_) {
+      for (std::uint32_t i = 0; i < kBlock; ++i) f(&b[i]);
+    }
+  }
+
   /// Takes one more reference (the caller holds one already, or holds a
   /// lock that keeps the node from completing).
   static void retain(Node* n) noexcept { n->refs.fetch_add(1, std::memory_order_relaxed); }

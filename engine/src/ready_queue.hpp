@@ -56,6 +56,18 @@ class ReadyQueue {
     return n;
   }
 
+  /// Takes `n` back if it is the newest priority-0 entry (its ref passes to
+  /// the caller): a frontend about to run the node it just recorded takes
+  /// it out of the workers' sight, so no worker touches it.
+  bool remove_newest(NodeT* n) {
+    if (size_.load(std::memory_order_relaxed) == 0) return false;
+    std::lock_guard lk(mu_);
+    if (count_ == 0 || ring_[(head_ + count_ - 1) & (ring_.size() - 1)] != n) return false;
+    --count_;
+    size_.fetch_sub(1, std::memory_order_relaxed);
+    return true;
+  }
+
   [[nodiscard]] std::size_t size() const noexcept { return size_.load(std::memory_order_seq_cst); }
   [[nodiscard]] bool empty() const noexcept { return size() == 0; }
   /// Nodes of nonzero priority waiting: a completing thread bypasses the

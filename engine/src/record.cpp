@@ -90,15 +90,10 @@ void EngineImpl::link(Node* n, std::span<VarState* const> pure_reads,
 void EngineImpl::record(Node* n) {
   n->seq = next_seq_++;
   NodePool::retain(n);  // the unfinished ref, dropped by its completion
-  {
-    std::lock_guard g(live_mu_);
-    n->live_prev = live_tail_;
-    n->live_next = nullptr;
-    (live_tail_ != nullptr ? live_tail_->live_next : live_head_) = n;
-    live_tail_ = n;
-    if (n->live_prev == nullptr) oldest_live_.store(n->seq, std::memory_order_seq_cst);
-  }
-  const std::size_t live = unfinished_.fetch_add(1, std::memory_order_relaxed) + 1;
+  n->live = true;
+  n->epoch = static_cast<std::uint8_t>(waitall_epoch_ & 1);
+  unfinished_by_epoch_[n->epoch].fetch_add(1, std::memory_order_relaxed);
+  const std::size_t live = unfinished();
   if (live > peak_unfinished_.load(std::memory_order_relaxed)) {
     peak_unfinished_.store(live, std::memory_order_relaxed);  // recorders are serialised
   }
@@ -213,7 +208,7 @@ void EngineImpl::push(Function fn, std::span<const Var> reads, std::span<const V
     // The pending window: start the oldest recorded work when the frontend
     // records far ahead, then stall a frontend that outruns the workers.
     while (unreq_count_ > options_.max_pending) request(unreq_head_);
-    throttle = !in_op && unfinished_.load(std::memory_order_relaxed) > 2 * options_.max_pending;
+    throttle = !in_op && unfinished() > 2 * options_.max_pending;
   }
   const bool run_now = naive && !in_op;
   if (run_now) NodePool::retain(n);

@@ -317,6 +317,7 @@ Node* EngineImpl::complete(Node* n, Bypass bypass) {
     // seq_cst: a wait increments `waiters` and then reads the state; this
     // store and the load of `waiters` below form the other half.
     n->state.store(NodeState::kDone, std::memory_order_seq_cst);
+    n->live = false;
     for (Node* s : n->succs) {
       // Launch edges were satisfied when n was launched.
       if (!launch_edge(n, s) && s->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {
@@ -329,23 +330,11 @@ Node* EngineImpl::complete(Node* n, Bypass bypass) {
   }
   for (VarState* v : n->reads) vars_.drop(v);
   for (VarState* v : n->writes) vars_.drop(v);
-  std::uint64_t oldest = 0;
-  bool was_oldest = false;
-  {
-    std::lock_guard g(live_mu_);
-    was_oldest = n->live_prev == nullptr;
-    (n->live_prev != nullptr ? n->live_prev->live_next : live_head_) = n->live_next;
-    (n->live_next != nullptr ? n->live_next->live_prev : live_tail_) = n->live_prev;
-    if (was_oldest) {
-      oldest = live_head_ != nullptr ? live_head_->seq : ~std::uint64_t{0};
-      oldest_live_.store(oldest, std::memory_order_seq_cst);
-    }
-  }
-  const std::size_t left = unfinished_.fetch_sub(1, std::memory_order_seq_cst) - 1;
+  // seq_cst: a waitall raises all_waiters_ and then reads the count.
+  const bool epoch_drained = unfinished_by_epoch_[n->epoch].fetch_sub(1, std::memory_order_seq_cst) == 1;
   if (n->waiters.load(std::memory_order_seq_cst) != 0 ||
-      (was_oldest && all_waiters_.load(std::memory_order_seq_cst) != 0 &&
-       oldest >= all_threshold_.load(std::memory_order_seq_cst)) ||
-      (left <= options_.max_pending && throttle_waiters_.load(std::memory_order_seq_cst) != 0)) {
+      (epoch_drained && all_waiters_.load(std::memory_order_seq_cst) != 0) ||
+      (throttle_waiters_.load(std::memory_order_seq_cst) != 0 && unfinished() <= options_.max_pending)) {
     wake_waiters();
   }
   pool_.release(n);  // the unfinished ref

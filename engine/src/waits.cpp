@@ -96,16 +96,9 @@ void EngineImpl::wake_waiters() noexcept {
 // A waiter slot (tag = index + 1), or 0 when all are taken: the wait then
 // runs untagged (it still helps with the ready queue). The counters are
 // raised before the caller first checks its condition (seq_cst: see complete).
-std::uint32_t EngineImpl::register_waiter(WaitMode mode, std::uint64_t all_before) {
+std::uint32_t EngineImpl::register_waiter(WaitMode mode) {
   if (mode == WaitMode::kAll) {
-    // Completions wake waitalls only when the oldest unfinished node passes
-    // the lowest mark; the store of the new threshold comes before the
-    // caller's first look at the oldest unfinished seq (seq_cst pair with
-    // complete()'s store of it and load of the threshold).
-    std::lock_guard g(all_mu_);
     all_waiters_.fetch_add(1, std::memory_order_seq_cst);
-    all_marks_.push_back(all_before);
-    all_threshold_.store(*std::min_element(all_marks_.begin(), all_marks_.end()), std::memory_order_seq_cst);
   } else if (mode == WaitMode::kThrottle) {
     throttle_waiters_.fetch_add(1, std::memory_order_seq_cst);
   }
@@ -121,13 +114,8 @@ std::uint32_t EngineImpl::register_waiter(WaitMode mode, std::uint64_t all_befor
   return 0;
 }
 
-void EngineImpl::unregister_waiter(std::uint32_t tag, WaitMode mode, std::uint64_t all_before) {
+void EngineImpl::unregister_waiter(std::uint32_t tag, WaitMode mode) {
   if (mode == WaitMode::kAll) {
-    std::lock_guard g(all_mu_);
-    all_marks_.erase(std::find(all_marks_.begin(), all_marks_.end(), all_before));
-    all_threshold_.store(all_marks_.empty() ? ~std::uint64_t{0}
-                                            : *std::min_element(all_marks_.begin(), all_marks_.end()),
-                         std::memory_order_seq_cst);
     all_waiters_.fetch_sub(1, std::memory_order_seq_cst);
   } else if (mode == WaitMode::kThrottle) {
     throttle_waiters_.fetch_sub(1, std::memory_order_seq_cst);
@@ -188,10 +176,12 @@ void EngineImpl::request_subgraph(Node* target, std::uint32_t tag) {
       if (!n->requested) {
         request(n);  // make_ready hands it to the waiter when it is ready
       } else if (tag != 0 && n->state.load(std::memory_order_seq_cst) == NodeState::kReady) {
-        // Ready and queued already: this waiter may run it first.
+        // Ready and queued already: this waiter runs it first, and takes it
+        // off the queue when it is the newest entry (typically a node
+        // recorded just before this wait).
+        if (!queue_.remove_newest(n)) NodePool::retain(n);
         Waiter& w = waiters_[tag - 1];
         std::lock_guard g(w.lock);
-        NodePool::retain(n);
         w.help.push_back(n);
       }
     }
@@ -359,11 +349,13 @@ std::string EngineImpl::describe_pending(Node* target) {
     }
     nodes.erase(std::remove(nodes.begin(), nodes.end(), nullptr), nodes.end());
   } else {
-    std::lock_guard g(live_mu_);
-    for (Node* n = live_head_; n != nullptr; n = n->live_next) {
-      NodePool::retain(n);
-      nodes.push_back(n);
-    }
+    pool_.for_each([&](Node* n) {
+      std::lock_guard g(n->lock);  // a live node cannot complete meanwhile
+      if (n->live) {
+        NodePool::retain(n);
+        nodes.push_back(n);
+      }
+    });
   }
   std::sort(nodes.begin(), nodes.end(), [](const Node* a, const Node* b) { return a->seq < b->seq; });
   std::ostringstream os;
@@ -404,16 +396,16 @@ void EngineImpl::run_now_naive(Node* n) {
   } drop{pool_, n};
   record_mu_.lock();
   wait_node(n);
-  const std::uint32_t tag = register_waiter(WaitMode::kAll, 0);
+  const std::uint32_t tag = register_waiter(WaitMode::kAll);
   help_until(tag, [&] { return queue_.empty(); }, /*watchdog=*/false);
-  unregister_waiter(tag, WaitMode::kAll, 0);
+  unregister_waiter(tag, WaitMode::kAll);
 }
 
 // The window: a frontend that has twice max_pending nodes unfinished helps
 // until it is down to max_pending.
 void EngineImpl::throttle_frontend() {
   const std::uint32_t tag = register_waiter(WaitMode::kThrottle);
-  help_until(tag, [&] { return unfinished_.load(std::memory_order_seq_cst) <= options_.max_pending; },
+  help_until(tag, [&] { return unfinished() <= options_.max_pending; },
              /*watchdog=*/false);
   unregister_waiter(tag, WaitMode::kThrottle);
 }
@@ -494,17 +486,18 @@ void EngineImpl::waitall(const CallSite& site) {
 // waitall without the blocking-call accounting: also used by the destructor
 // and at exit, which must run what was recorded whatever sync debug says.
 void EngineImpl::wait_all_recorded(bool watchdog) {
-  std::uint64_t all_before = 0;
   std::uint32_t tag = 0;
+  std::size_t slot = 0;
   {
     RecLock lk(record_mu_);
-    all_before = next_seq_;
-    tag = register_waiter(WaitMode::kAll, all_before);
+    slot = waitall_epoch_ & 1;
+    ++waitall_epoch_;  // later nodes are counted in the other parity
+    tag = register_waiter(WaitMode::kAll);
     while (unreq_head_ != nullptr) request(unreq_head_);
   }
   const bool finished = help_until(
-      tag, [&] { return oldest_live_.load(std::memory_order_seq_cst) >= all_before; }, watchdog);
-  unregister_waiter(tag, WaitMode::kAll, all_before);
+      tag, [&] { return unfinished_by_epoch_[slot].load(std::memory_order_seq_cst) == 0; }, watchdog);
+  unregister_waiter(tag, WaitMode::kAll);
   drain_graveyard();
   if (!finished) {
     std::string report = describe_pending(nullptr);
@@ -534,7 +527,7 @@ EngineStats EngineImpl::stats() const {
   s.nodes_skipped = nodes_skipped_.load(std::memory_order_relaxed);
   s.nodes_launched = nodes_launched_.load(std::memory_order_relaxed);
   s.in_flight_stalls = in_flight_stalls_.load(std::memory_order_relaxed);
-  s.unfinished = unfinished_.load(std::memory_order_seq_cst);
+  s.unfinished = unfinished();
   s.peak_unfinished = peak_unfinished_.load(std::memory_order_relaxed);
   for (std::size_t k = 0; k < kBlockingCallKinds; ++k) {
     s.blocking_calls[k] = blocking_calls_[k].load(std::memory_order_relaxed);
@@ -544,27 +537,26 @@ EngineStats EngineImpl::stats() const {
   return s;
 }
 
-std::vector<PendingNode> EngineImpl::pending_nodes() const {
+std::vector<PendingNode> EngineImpl::pending_nodes() {
   RecLock lk(record_mu_);
-  std::lock_guard g(live_mu_);  // listed nodes cannot complete-and-recycle meanwhile
   std::vector<PendingNode> out;
-  for (Node* n = live_head_; n != nullptr; n = n->live_next) {
+  pool_.for_each([&](Node* n) {
+    std::lock_guard ng(n->lock);  // a live node cannot complete (and be recycled) meanwhile
+    if (!n->live) return;
     PendingNode p;
     p.id = n->seq;
     p.name = n->name;
     p.device = n->device;
     p.priority = n->priority;
     p.requested = n->requested;
-    {
-      std::lock_guard ng(n->lock);
-      for (const Node* q : n->preds) {
-        if (q->state.load(std::memory_order_acquire) != NodeState::kDone) p.preds.push_back(q->seq);
-      }
+    for (const Node* q : n->preds) {
+      if (q->state.load(std::memory_order_acquire) != NodeState::kDone) p.preds.push_back(q->seq);
     }
     for (const VarState* v : n->reads) p.reads.push_back(v->handle);
     for (const VarState* v : n->writes) p.writes.push_back(v->handle);
     out.push_back(std::move(p));
-  }
+  });
+  std::sort(out.begin(), out.end(), [](const PendingNode& a, const PendingNode& b) { return a.id < b.id; });
   return out;
 }
 

@@ -62,7 +62,10 @@ struct NodeTask final : StreamTask {
   void complete(std::exception_ptr async_error, DeviceInterval ran) noexcept override;
 };
 
-struct Node {
+// Cache-line aligned, with the recorder's fields, the shared atomics and
+// the runner's fields on lines of their own: a chain recorded while it runs
+// has the frontend writing one node while a worker completes the one before.
+struct alignas(64) Node {
   // Written by the recorder before the node is published, then read-only
   // until it is recycled ([imm]).
   Function fn;                        // [imm] until run; reset by the thread that runs it
@@ -75,12 +78,18 @@ struct Node {
   StreamDevice* sdev = nullptr;       // [imm] null: runs on a CPU worker
   int stream = -1;                    // [imm]
   std::size_t bytes = 0;              // [imm] PushOptions::bytes
+  std::uint8_t epoch = 0;             // [imm] waitall epoch parity it is counted in
+  bool requested = false;             // [rec]
+  bool in_unrequested = false;        // [rec]
+  Node* unreq_prev = nullptr;         // [rec] recorded, not yet requested, in record order
+  Node* unreq_next = nullptr;
+  Node* free_next = nullptr;          // node pool (recorder side)
 
   // Guarded by `lock`: the successor list (appended by recorders, consumed
   // once by the completion) and the predecessor list (appended by the
   // recorder while recording this node, cleared by its completion; readers
   // of a node that is not their own take the lock).
-  SpinLock lock;
+  alignas(64) SpinLock lock;
   SmallVector<Node*, 4> succs;        // no refs: a successor is unfinished, hence alive
   SmallVector<Node*, 4> preds;        // one ref each, dropped at completion
 
@@ -92,18 +101,12 @@ struct Node {
   std::atomic<NodeState> state{NodeState::kRecorded};
   std::atomic<std::uint32_t> tag{0};      // waiter slot + 1 that runs it first; 0 = none
   std::atomic<std::uint32_t> waiters{0};  // node waits whose target this is
-  bool requested = false;                 // [rec]
-  bool in_unrequested = false;            // [rec]
-  Node* unreq_prev = nullptr;             // [rec] recorded, not yet requested, in record order
-  Node* unreq_next = nullptr;
   bool live = false;                      // recorded and not done (`lock`; set before publication)
-  std::uint8_t epoch = 0;                 // [imm] waitall epoch parity it is counted in
-  Node* free_next = nullptr;              // node pool
-  Node* grave_next = nullptr;             // EngineImpl::graveyard_
 
   // Written by the thread that runs (or launches, or completes) the node
   // before its completion stores kDone (release); read after kDone is seen.
-  ErrorPtr error;       // set when the node failed or was skipped
+  alignas(64) ErrorPtr error;       // set when the node failed or was skipped
+  Node* grave_next = nullptr;       // EngineImpl::graveyard_
   bool failed = false;  // its function threw
   bool launch_failed = false;  // stream node: launch threw, nothing was enqueued
   // Profiler timestamps (ns), set only while the profiler runs.

@@ -7,6 +7,7 @@
 
 #include "host_pool.hpp"
 
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -259,28 +260,42 @@ void floating(const ArrayState& a, const char* op) {
   }
 }
 
+// The arrays a recorded kernel reads (at most three), kept alive until it
+// ran. Inline, so recording an op allocates nothing beyond its output.
+struct Inputs {
+  static constexpr std::size_t kMax = 3;
+  std::array<StatePtr, kMax> items;
+  std::size_t count = 0;
+  const StatePtr& operator[](std::size_t i) const { return items[i]; }
+  [[nodiscard]] std::size_t size() const { return count; }
+};
+
 // Records one node reading `inputs` and writing `out`; `kernel` gets views.
 template <class Kernel>
 void record(const char* name, std::initializer_list<StatePtr> inputs, const StatePtr& out,
             Kernel kernel) {
-  std::vector<engine::Var> reads;
-  reads.reserve(inputs.size());
-  for (const auto& in : inputs) reads.push_back(in->storage->var);
+  if (inputs.size() > Inputs::kMax) throw Error(std::string(name) + ": too many inputs for one kernel");
+  std::array<engine::Var, Inputs::kMax> reads;
+  Inputs keep;
+  for (const auto& in : inputs) {
+    reads[keep.count] = in->storage->var;
+    keep.items[keep.count++] = in;
+  }
   const engine::Var writes[] = {out->storage->var};
-  std::vector<StatePtr> keep(inputs);  // keeps every touched buffer alive until the node ran
   nd::engine().push(
       [keep = std::move(keep), out, kernel = std::move(kernel)](const engine::RunContext& ctx) {
         out->storage->ensure(ctx);
         kernel(ctx, keep, *out);
       },
-      reads, writes, push_options(out->storage->device, name, out->storage->bytes));
+      std::span<const engine::Var>(reads.data(), keep.count), writes,
+      push_options(out->storage->device, name, out->storage->bytes));
 }
 
 // A contiguous version of `a`: `a` itself, or a recorded copy.
 StatePtr dense(const StatePtr& a) {
   if (contiguous(*a)) return a;
   StatePtr out = new_array(a->shape, a->dtype, a->storage->device, "copy");
-  record("copy", {a}, out, [](const engine::RunContext& ctx, const std::vector<StatePtr>& in, const ArrayState& o) {
+  record("copy", {a}, out, [](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o) {
     ops::copy_cast(ctx, view(*in[0]), view(o));
   });
   return out;
@@ -294,7 +309,7 @@ NDArray unary_op(ops::UnaryOp op, const NDArray& x) {
     floating(*a, name);
   }
   StatePtr out = new_array(a->shape, a->dtype, a->storage->device, name);
-  record(name, {a}, out, [op](const engine::RunContext& ctx, const std::vector<StatePtr>& in, const ArrayState& o) {
+  record(name, {a}, out, [op](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o) {
     ops::unary(ctx, op, view(*in[0]), view(o));
   });
   return Access::wrap(out);
@@ -313,7 +328,7 @@ NDArray binary_op(ops::BinaryOp op, const NDArray& x, const NDArray& y) {
   same_dtype(*a, *b, name);
   check_binary(op, *a, name);
   StatePtr out = new_array(ops::broadcast_shapes(a->shape, b->shape, name), a->dtype, dev, name);
-  record(name, {a, b}, out, [op](const engine::RunContext& ctx, const std::vector<StatePtr>& in, const ArrayState& o) {
+  record(name, {a, b}, out, [op](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o) {
     ops::binary(ctx, op, view(*in[0]), view(*in[1]), view(o));
   });
   return Access::wrap(out);
@@ -324,7 +339,7 @@ NDArray scalar_op(ops::BinaryOp op, const NDArray& x, double s, bool scalar_firs
   const StatePtr& a = Access::state(x, name);
   check_binary(op, *a, name);
   StatePtr out = new_array(a->shape, a->dtype, a->storage->device, name);
-  record(name, {a}, out, [op, s, scalar_first](const engine::RunContext& ctx, const std::vector<StatePtr>& in, const ArrayState& o) {
+  record(name, {a}, out, [op, s, scalar_first](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o) {
     ops::binary_scalar(ctx, op, view(*in[0]), s, scalar_first, view(o));
   });
   return Access::wrap(out);
@@ -337,7 +352,7 @@ NDArray compare_op(ops::CompareOp op, const NDArray& x, const NDArray& y) {
   const Device dev = common_device({a.get(), b.get()}, name);
   same_dtype(*a, *b, name);
   StatePtr out = new_array(ops::broadcast_shapes(a->shape, b->shape, name), DType::kBool, dev, name);
-  record(name, {a, b}, out, [op](const engine::RunContext& ctx, const std::vector<StatePtr>& in, const ArrayState& o) {
+  record(name, {a, b}, out, [op](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o) {
     ops::compare(ctx, op, view(*in[0]), view(*in[1]), view(o));
   });
   return Access::wrap(out);
@@ -347,7 +362,7 @@ NDArray compare_scalar_op(ops::CompareOp op, const NDArray& x, double s) {
   const char* name = to_string(op).data();
   const StatePtr& a = Access::state(x, name);
   StatePtr out = new_array(a->shape, DType::kBool, a->storage->device, name);
-  record(name, {a}, out, [op, s](const engine::RunContext& ctx, const std::vector<StatePtr>& in, const ArrayState& o) {
+  record(name, {a}, out, [op, s](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o) {
     ops::compare_scalar(ctx, op, view(*in[0]), s, view(o));
   });
   return Access::wrap(out);
@@ -369,14 +384,14 @@ void inplace_op(ops::BinaryOp op, const StatePtr& a, StatePtr b, const char* nam
       (b->offset != a->offset || b->strides != a->strides || b->shape != a->shape)) {
     b = Access::state(Access::wrap(b).copy(), name);
   }
-  record(name, {a, b}, a, [op](const engine::RunContext& ctx, const std::vector<StatePtr>& in, const ArrayState& o) {
+  record(name, {a, b}, a, [op](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o) {
     ops::binary(ctx, op, view(*in[0]), view(*in[1]), view(o));
   });
 }
 
 void inplace_scalar(ops::BinaryOp op, const StatePtr& a, double s, const char* name) {
   check_binary(op, *a, name);
-  record(name, {a}, a, [op, s](const engine::RunContext& ctx, const std::vector<StatePtr>& in, const ArrayState& o) {
+  record(name, {a}, a, [op, s](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o) {
     ops::binary_scalar(ctx, op, view(*in[0]), s, false, view(o));
   });
 }
@@ -400,7 +415,7 @@ NDArray reduce_op(ops::ReduceOp op, const NDArray& x, bool all, int axis, bool k
   StatePtr a = dense(a0);
   StatePtr out = new_array(ops::reduced_shape(a->shape, all, axis, keepdims), t,
                            a->storage->device, name);
-  record(name, {a}, out, [op, all, axis](const engine::RunContext& ctx, const std::vector<StatePtr>& in, const ArrayState& o) {
+  record(name, {a}, out, [op, all, axis](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o) {
     ops::reduce(ctx, op, view(*in[0]), all, axis, view(o));
   });
   return Access::wrap(out);
@@ -456,7 +471,7 @@ void NDArray::read_into(void* dst, DType expected, std::int64_t expected_size, c
 NDArray NDArray::copy() const {
   const StatePtr& a = Access::state(*this, "copy");
   StatePtr out = new_array(a->shape, a->dtype, a->storage->device, "copy");
-  record("copy", {a}, out, [](const engine::RunContext& ctx, const std::vector<StatePtr>& in, const ArrayState& o) {
+  record("copy", {a}, out, [](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o) {
     ops::copy_cast(ctx, view(*in[0]), view(o));
   });
   return Access::wrap(out);
@@ -465,7 +480,7 @@ NDArray NDArray::copy() const {
 NDArray NDArray::astype(DType t) const {
   const StatePtr& a = Access::state(*this, "astype");
   StatePtr out = new_array(a->shape, t, a->storage->device, "astype");
-  record("astype", {a}, out, [](const engine::RunContext& ctx, const std::vector<StatePtr>& in, const ArrayState& o) {
+  record("astype", {a}, out, [](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o) {
     ops::copy_cast(ctx, view(*in[0]), view(o));
   });
   return Access::wrap(out);
@@ -487,7 +502,7 @@ NDArray NDArray::copyto(Device dev) const {
   const Device src = a0->storage->device;
   if (src == dev || (!src.is_stream_device() && !dev.is_stream_device())) {
     StatePtr out = new_array(a0->shape, a0->dtype, dev, "copyto");
-    record("copyto", {a0}, out, [](const engine::RunContext& ctx, const std::vector<StatePtr>& in, const ArrayState& o) {
+    record("copyto", {a0}, out, [](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o) {
       ops::copy_cast(ctx, view(*in[0]), view(o));
     });
     return Access::wrap(out);
@@ -637,7 +652,7 @@ NDArray& NDArray::assign(const NDArray& o) {
   if (b->storage == a->storage) b = Access::state(Access::wrap(b).copy(), "assign");
   // A read-modify-write of the target: a view leaves the rest of the buffer
   // as it was, including an error an earlier write left there.
-  record("assign", {b, a}, a, [](const engine::RunContext& ctx, const std::vector<StatePtr>& in, const ArrayState& o2) {
+  record("assign", {b, a}, a, [](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o2) {
     ops::copy_cast(ctx, view(*in[0]), view(o2));
   });
   return *this;
@@ -737,7 +752,7 @@ void waitall(std::source_location where) {
 
 NDArray full(const Shape& shape, double value, DType t, Device dev) {
   StatePtr out = new_array(shape, t, dev, "full");
-  record("full", {}, out, [value](const engine::RunContext& ctx, const std::vector<StatePtr>&, const ArrayState& o) {
+  record("full", {}, out, [value](const engine::RunContext& ctx, const Inputs&, const ArrayState& o) {
     ops::fill(ctx, view(o), value);
   });
   return Access::wrap(out);
@@ -752,7 +767,7 @@ NDArray arange(double start, double stop, double step, DType t, Device dev) {
   const double count = std::ceil((stop - start) / step);
   const auto n = static_cast<std::int64_t>(count > 0 ? count : 0);
   StatePtr out = new_array({n}, t, dev, "arange");
-  record("arange", {}, out, [start, step](const engine::RunContext& ctx, const std::vector<StatePtr>&, const ArrayState& o) {
+  record("arange", {}, out, [start, step](const engine::RunContext& ctx, const Inputs&, const ArrayState& o) {
     ops::arange(ctx, view(o), start, step);
   });
   return Access::wrap(out);
@@ -761,7 +776,7 @@ NDArray arange(double start, double stop, double step, DType t, Device dev) {
 NDArray random_uniform(const Shape& shape, Device dev, std::uint64_t seed, double low, double high,
                        DType t) {
   StatePtr out = new_array(shape, t, dev, "random_uniform");
-  record("random_uniform", {}, out, [seed, low, high](const engine::RunContext& ctx, const std::vector<StatePtr>&, const ArrayState& o) {
+  record("random_uniform", {}, out, [seed, low, high](const engine::RunContext& ctx, const Inputs&, const ArrayState& o) {
     ops::random_uniform(ctx, view(o), seed, low, high);
   });
   return Access::wrap(out);
@@ -770,7 +785,7 @@ NDArray random_uniform(const Shape& shape, Device dev, std::uint64_t seed, doubl
 NDArray random_normal(const Shape& shape, Device dev, std::uint64_t seed, double mean, double stddev,
                       DType t) {
   StatePtr out = new_array(shape, t, dev, "random_normal");
-  record("random_normal", {}, out, [seed, mean, stddev](const engine::RunContext& ctx, const std::vector<StatePtr>&, const ArrayState& o) {
+  record("random_normal", {}, out, [seed, mean, stddev](const engine::RunContext& ctx, const Inputs&, const ArrayState& o) {
     ops::random_normal(ctx, view(o), seed, mean, stddev);
   });
   return Access::wrap(out);
@@ -801,7 +816,7 @@ NDArray where(const NDArray& cond, const NDArray& x, const NDArray& y) {
   same_dtype(*a, *b, "where");
   Shape s = ops::broadcast_shapes(ops::broadcast_shapes(c->shape, a->shape, "where"), b->shape, "where");
   StatePtr out = new_array(s, a->dtype, dev, "where");
-  record("where", {c, a, b}, out, [](const engine::RunContext& ctx, const std::vector<StatePtr>& in, const ArrayState& o) {
+  record("where", {c, a, b}, out, [](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o) {
     ops::where(ctx, view(*in[0]), view(*in[1]), view(*in[2]), view(o));
   });
   return Access::wrap(out);
@@ -817,7 +832,7 @@ NDArray matmul(const NDArray& x, const NDArray& y) {
   StatePtr a = dense(a0);
   StatePtr b = dense(b0);
   StatePtr out = new_array(s, a->dtype, dev, "matmul");
-  record("matmul", {a, b}, out, [](const engine::RunContext& ctx, const std::vector<StatePtr>& in, const ArrayState& o) {
+  record("matmul", {a, b}, out, [](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o) {
     ops::matmul(ctx, view(*in[0]), view(*in[1]), view(o));
   });
   return Access::wrap(out);

@@ -21,7 +21,7 @@ namespace lazydag::engine {
 /// When recorded nodes run. Results never depend on the policy; only timing does.
 enum class Policy : std::uint8_t {
   kLazy,   ///< run only what a wait needs (plus the pending window's overflow)
-  kEager,  ///< dispatch each node as soon as its inputs are ready
+  kEager,  ///< dispatch each node as soon as its inputs are ready (the default)
   kNaive,  ///< run each node synchronously inside push(): the reference
 };
 
@@ -93,7 +93,9 @@ struct PushOptions {
 /// LAZYDAG_WATCHDOG (seconds).
 struct EngineOptions {
   Policy policy = Policy::kEager;
-  int num_threads = 0;  ///< CPU workers; 0 = the hardware's concurrency
+  /// CPU workers; 0 = the hardware's concurrency (measured best on 2 cores:
+  /// a waiting frontend thread helps, idle workers leave their core).
+  int num_threads = 0;
   /// Recorded nodes kept unstarted before the oldest is started; the engine
   /// also stalls a frontend that has twice this many nodes unfinished.
   /// 0 = unbounded.

@@ -1,5 +1,5 @@
 // A move-only callable with inline storage: the body of a recorded node,
-// stored without a heap allocation when its captures fit in 56 bytes.
+// stored without a heap allocation when its captures fit in 120 bytes.
 #pragma once
 
 #include <cstddef>
@@ -15,7 +15,7 @@ struct RunContext;
 /// move-only), small-buffer optimised. Not thread-safe; owned by one node.
 class Function {
  public:
-  static constexpr std::size_t kInlineBytes = 56;
+  static constexpr std::size_t kInlineBytes = 120;
 
   Function() noexcept = default;
   Function(std::nullptr_t) noexcept {}  // NOLINT: implicit like std::function

@@ -62,10 +62,10 @@ struct NodeTask final : StreamTask {
   void complete(std::exception_ptr async_error, DeviceInterval ran) noexcept override;
 };
 
-// Cache-line aligned, with the recorder's fields, the shared atomics and
-// the runner's fields on lines of their own: a chain recorded while it runs
-// has the frontend writing one node while a worker completes the one before.
-struct alignas(64) Node {
+// Fields grouped by writer: the recorder's, the shared atomics and edge
+// lists, then the runner's. (Aligning the groups to cache lines made no
+// difference measurable on the 2-core machine and cost 80 bytes a node.)
+struct Node {
   // Written by the recorder before the node is published, then read-only
   // until it is recycled ([imm]).
   Function fn;                        // [imm] until run; reset by the thread that runs it
@@ -89,7 +89,7 @@ struct alignas(64) Node {
   // once by the completion) and the predecessor list (appended by the
   // recorder while recording this node, cleared by its completion; readers
   // of a node that is not their own take the lock).
-  alignas(64) SpinLock lock;
+  SpinLock lock;
   SmallVector<Node*, 4> succs;        // no refs: a successor is unfinished, hence alive
   SmallVector<Node*, 4> preds;        // one ref each, dropped at completion
 
@@ -105,7 +105,7 @@ struct alignas(64) Node {
 
   // Written by the thread that runs (or launches, or completes) the node
   // before its completion stores kDone (release); read after kDone is seen.
-  alignas(64) ErrorPtr error;       // set when the node failed or was skipped
+  ErrorPtr error;       // set when the node failed or was skipped
   Node* grave_next = nullptr;       // EngineImpl::graveyard_
   bool failed = false;  // its function threw
   bool launch_failed = false;  // stream node: launch threw, nothing was enqueued

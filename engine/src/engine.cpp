@@ -127,6 +127,9 @@ EngineImpl::EngineImpl(EngineOptions options)
     throw InvalidArgument("EngineOptions::num_threads must be >= 0, got " +
                           std::to_string(options.num_threads));
   }
+  // Every ready node can sit in the queue at once: with the window, at most
+  // about 2 x max_pending are unfinished, so the ring never grows after this.
+  if (options.max_pending != 0) queue_.reserve(std::min<std::size_t>(2 * options.max_pending + 64, std::size_t{1} << 16));
   if (num_threads_ > 0) {
     ensure_tbb_workers(num_threads_);
     // Slot 0 is reserved for an external thread (never used: frontend threads

@@ -37,6 +37,14 @@ class ReadyQueue {
     size_.fetch_add(1, std::memory_order_seq_cst);
   }
 
+  /// Room for `n` priority-0 entries without allocating (the window bounds
+  /// how many nodes can be ready at once). Not thread-safe: at construction.
+  void reserve(std::size_t n) {
+    std::size_t cap = 64;
+    while (cap < n) cap *= 2;
+    if (cap > ring_.size()) ring_.resize(cap);
+  }
+
   /// The next node to start, or null when empty.
   NodeT* pop() {
     if (size_.load(std::memory_order_relaxed) == 0) return nullptr;

@@ -366,21 +366,7 @@ void EngineImpl::runner() {
     // Idle: look for work a little longer (a new node is likely soon and
     // re-enqueueing a task costs more), yielding so a thread that has the
     // work to record gets the core.
-    bool found = false;
-    const auto until = std::chrono::steady_clock::now() + kRunnerSpin;
-    for (unsigned i = 0;; ++i) {
-      if (!queue_.empty()) {
-        found = true;
-        break;
-      }
-      if (i % 16 == 15) {
-        if (std::chrono::steady_clock::now() >= until) break;
-        std::this_thread::yield();
-      } else {
-        cpu_relax();
-      }
-    }
-    if (found) continue;
+    if (spin_for(kRunnerSpin, [&] { return !queue_.empty(); })) continue;
     active_runners_.fetch_sub(1, std::memory_order_seq_cst);
     // A push that saw this runner still active did not start another: look
     // once more before leaving, and stay if there is work and room.

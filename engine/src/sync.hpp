@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <thread>
 
@@ -42,6 +43,23 @@ class SpinLock {
  private:
   std::atomic<bool> locked_{false};
 };
+
+/// Spins until found() or `limit` passes, yielding the core every 16 tries
+/// (so a thread that has the work, or a device executor, can run on it).
+/// Returns whether found() held.
+template <class Found>
+bool spin_for(std::chrono::nanoseconds limit, Found found) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  for (unsigned i = 0;; ++i) {
+    if (found()) return true;
+    if (i % 16 == 15) {
+      if (std::chrono::steady_clock::now() >= until) return false;
+      std::this_thread::yield();
+    } else {
+      cpu_relax();
+    }
+  }
+}
 
 /// Parks the calling thread while `word` holds `expected`, for at most
 /// `timeout_ns` (< 0: no limit). Returns at once if the value differs; may

@@ -244,27 +244,12 @@ bool EngineImpl::help_until(std::uint32_t tag, Done done, bool watchdog) {
     // first, while work for this waiter still also goes to the queue.
     drain_graveyard();
     set_idle(true);
-    bool more = false;
-    const auto until = std::chrono::steady_clock::now() + kWaitSpin;
-    for (unsigned i = 0;; ++i) {
-      if (done() || (global && !queue_.empty())) {
-        more = true;
-        break;
-      }
-      if (w != nullptr) {
-        std::lock_guard g(w->lock);
-        if (!w->help.empty()) {
-          more = true;
-          break;
-        }
-      }
-      if (i % 16 == 15) {
-        if (std::chrono::steady_clock::now() >= until) break;
-        std::this_thread::yield();
-      } else {
-        cpu_relax();
-      }
-    }
+    const bool more = spin_for(kWaitSpin, [&] {
+      if (done() || (global && !queue_.empty())) return true;
+      if (w == nullptr) return false;
+      std::lock_guard g(w->lock);
+      return !w->help.empty();
+    });
     if (more) continue;
     parked_.fetch_add(1, std::memory_order_seq_cst);
     const std::uint32_t e = epoch_.load(std::memory_order_seq_cst);
@@ -493,7 +478,12 @@ void EngineImpl::wait_all_recorded(bool watchdog) {
     slot = waitall_epoch_ & 1;
     ++waitall_epoch_;  // later nodes are counted in the other parity
     tag = register_waiter(WaitMode::kAll);
-    while (unreq_head_ != nullptr) request(unreq_head_);
+    // Newest first: the oldest nodes become ready last, so workers do not
+    // start a chain while this thread is still writing the counts of the
+    // nodes it is about to run (both threads on every node's lines). The
+    // invariant "requested => ancestors requested" holds again once the
+    // loop ends, before the recorder lock is released.
+    while (unreq_tail_ != nullptr) request(unreq_tail_);
   }
   const bool finished = help_until(
       tag, [&] { return unfinished_by_epoch_[slot].load(std::memory_order_seq_cst) == 0; }, watchdog);

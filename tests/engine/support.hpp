@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <thread>
 #include <vector>
@@ -28,6 +29,13 @@ struct Config {
     return o;
   }
 };
+
+/// A 64-bit hash step: the values the random programs compute.
+inline std::uint64_t mix(std::uint64_t h, std::uint64_t x) {
+  h ^= x + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+  h *= 0xff51afd7ed558ccdULL;
+  return h ^ (h >> 33);
+}
 
 /// naive, then lazy and eager with 1, 2 and 4 workers.
 inline std::vector<Config> all_configs() {

@@ -27,11 +27,7 @@ using namespace lazydag::engine;
 
 namespace {
 
-std::uint64_t mix(std::uint64_t h, std::uint64_t x) {
-  h ^= x + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
-  h *= 0xff51afd7ed558ccdULL;
-  return h ^ (h >> 33);
-}
+using test::mix;
 
 constexpr std::uint64_t kConstant = 0x5eed5eed5eedULL;
 

@@ -14,6 +14,7 @@
 #include <iostream>
 #include <limits>
 #include <mutex>
+#include <sstream>
 #include <thread>
 
 #include "engine_impl.hpp"
@@ -43,10 +44,13 @@ std::string Device::str() const {
     case DeviceKind::kSim: return "sim(" + std::to_string(id) + ")";
     case DeviceKind::kGpu: return "gpu(" + std::to_string(id) + ")";
   }
-  return "device(" + std::to_string(id) + ")";
+  return "unknown-kind-" + std::to_string(static_cast<int>(kind)) + "(" + std::to_string(id) + ")";
 }
 
 namespace {
+
+constexpr int kMaxThreads = 1024;
+constexpr std::size_t kMaxCount = std::numeric_limits<std::uint32_t>::max();
 
 std::size_t env_size(const char* name, std::size_t fallback, std::size_t max) {
   const char* s = std::getenv(name);
@@ -68,7 +72,7 @@ EngineOptions EngineOptions::from_env() {
   if (const char* p = std::getenv("LAZYDAG_ENGINE"); p != nullptr && *p != '\0') {
     o.policy = parse_policy(p);
   }
-  o.num_threads = static_cast<int>(env_size("LAZYDAG_NUM_THREADS", 0, 1024));
+  o.num_threads = static_cast<int>(env_size("LAZYDAG_NUM_THREADS", 0, kMaxThreads));
   if (const char* w = std::getenv("LAZYDAG_WATCHDOG"); w != nullptr && *w != '\0') {
     char* end = nullptr;
     const double v = std::strtod(w, &end);
@@ -77,10 +81,8 @@ EngineOptions EngineOptions::from_env() {
     }
     o.watchdog_seconds = v;
   }
-  o.max_pending = env_size("LAZYDAG_MAX_PENDING", o.max_pending,
-                           std::numeric_limits<std::uint32_t>::max());
-  o.max_in_flight = env_size("LAZYDAG_MAX_IN_FLIGHT", o.max_in_flight,
-                             std::numeric_limits<std::uint32_t>::max());
+  o.max_pending = env_size("LAZYDAG_MAX_PENDING", o.max_pending, kMaxCount);
+  o.max_in_flight = env_size("LAZYDAG_MAX_IN_FLIGHT", o.max_in_flight, kMaxCount);
   if (o.max_in_flight == 0) throw InvalidArgument("LAZYDAG_MAX_IN_FLIGHT must be >= 1");
   return o;
 }
@@ -116,17 +118,43 @@ namespace {
 std::atomic<std::uint64_t> g_engine_ids{0};
 }  // namespace
 
+namespace {
+
+// Every field in range, or InvalidArgument naming it and its range.
+EngineOptions validated(EngineOptions o) {
+  auto refuse = [](const std::string& field, const std::string& value, const std::string& range) {
+    throw InvalidArgument("EngineOptions::" + field + " = " + value + " is out of range (" + range + ")");
+  };
+  if (o.policy != Policy::kLazy && o.policy != Policy::kEager && o.policy != Policy::kNaive) {
+    refuse("policy", std::to_string(static_cast<int>(o.policy)), "lazy, eager or naive");
+  }
+  if (o.num_threads < 0 || o.num_threads > kMaxThreads) {
+    refuse("num_threads", std::to_string(o.num_threads),
+           "0 for the hardware's concurrency, or 1.." + std::to_string(kMaxThreads));
+  }
+  if (o.max_pending > kMaxCount) {
+    refuse("max_pending", std::to_string(o.max_pending), "0 for unbounded, or 1.." + std::to_string(kMaxCount));
+  }
+  if (o.max_in_flight == 0 || o.max_in_flight > kMaxCount) {
+    refuse("max_in_flight", std::to_string(o.max_in_flight), "1.." + std::to_string(kMaxCount));
+  }
+  if (!(o.watchdog_seconds >= 0)) {  // also NaN
+    std::ostringstream v;
+    v << o.watchdog_seconds;
+    refuse("watchdog_seconds", v.str(), "0 for off, or a number of seconds > 0; infinity never fires");
+  }
+  return o;
+}
+
+}  // namespace
+
 EngineImpl::EngineImpl(EngineOptions options)
-    : options_(options),
+    : options_(validated(options)),
       num_threads_(options.policy == Policy::kNaive ? 0
                    : options.num_threads > 0
                        ? options.num_threads
                        : static_cast<int>(std::max(1U, std::thread::hardware_concurrency()))),
       profile_id_(g_engine_ids.fetch_add(1) + 1) {
-  if (options.num_threads < 0) {
-    throw InvalidArgument("EngineOptions::num_threads must be >= 0, got " +
-                          std::to_string(options.num_threads));
-  }
   // Every ready node can sit in the queue at once: with the window, at most
   // about 2 x max_pending are unfinished, so the ring never grows after this.
   if (options.max_pending != 0) queue_.reserve(std::min<std::size_t>(2 * options.max_pending + 64, std::size_t{1} << 16));
@@ -140,22 +168,22 @@ EngineImpl::EngineImpl(EngineOptions options)
   }
 }
 
-EngineImpl::~EngineImpl() {
-  // Run what was recorded, and what destroying buried captures records in
-  // turn, until nothing is left.
-  for (int round = 0;; ++round) {
+// Runs what was recorded, and what running it and destroying its buried
+// captures records in turn, until nothing is left. Reports on stderr.
+void EngineImpl::run_everything(const char* when) noexcept {
+  for (;;) {
     try {
       wait_all_recorded(/*watchdog=*/false);
     } catch (const std::exception& e) {
-      std::cerr << "lazydag: engine destroyed with an error no wait collected: " << e.what() << '\n';
+      std::cerr << "lazydag: " << when << " with an error no wait collected: " << e.what() << '\n';
     }
     drain_graveyard();
-    if ((graveyard_.load(std::memory_order_acquire) == nullptr &&
-         unfinished() == 0) ||
-        round == 1000) {
-      break;
-    }
+    if (graveyard_.load(std::memory_order_acquire) == nullptr && unfinished() == 0) break;
   }
+}
+
+EngineImpl::~EngineImpl() {
+  run_everything("engine destroyed");
   // Worker tasks leave within their idle spin; wait for the last to return.
   while (live_tasks_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
   // Joins the emulated executors (a completion may still be finishing).
@@ -178,13 +206,7 @@ Engine::~Engine() = default;
 Engine& Engine::get() {
   static Engine* engine = [] {
     auto* e = new Engine();
-    std::atexit([] {
-      try {
-        Engine::get().impl_->wait_all_recorded(/*watchdog=*/false);
-      } catch (const std::exception& ex) {
-        std::cerr << "lazydag: error no wait collected before exit: " << ex.what() << '\n';
-      }
-    });
+    std::atexit([] { Engine::get().impl_->run_everything("exiting"); });
     return e;
   }();
   return *engine;
@@ -192,6 +214,11 @@ Engine& Engine::get() {
 
 Var Engine::new_var() { return impl_->new_var(); }
 void Engine::delete_var(Var v) { impl_->delete_var(v); }
+Var Engine::new_owned_var(const char* owner) {
+  if (owner == nullptr || *owner == '\0') throw InvalidArgument("new_owned_var: the owner needs a name");
+  return impl_->new_var(owner);
+}
+void Engine::delete_owned_var(Var v) { impl_->delete_var(v, /*by_owner=*/true); }
 void Engine::push(Function fn, std::span<const Var> reads, std::span<const Var> writes,
                   const PushOptions& options) {
   impl_->push(std::move(fn), reads, writes, options);

@@ -72,8 +72,8 @@ class EngineImpl {
   EngineImpl& operator=(const EngineImpl&) = delete;
 
   // record.cpp
-  Var new_var();
-  void delete_var(Var v);
+  Var new_var(const char* owner = nullptr);
+  void delete_var(Var v, bool by_owner = false);
   void push(Function fn, std::span<const Var> reads, std::span<const Var> writes,
             const PushOptions& options);
   // waits.cpp
@@ -81,6 +81,7 @@ class EngineImpl {
   void wait_to_write(Var v, const CallSite& site);
   void waitall(const CallSite& site);
   void wait_all_recorded(bool watchdog);
+  void run_everything(const char* when) noexcept;
   EngineStats stats() const;
   std::vector<PendingNode> pending_nodes();
   // streams.cpp
@@ -147,7 +148,7 @@ class EngineImpl {
   // completion or by workers, never held across user code.
   mutable GraphMutex record_mu_;
   NodePool pool_;
-  VarTable vars_{pool_};
+  VarTable vars_{pool_, static_cast<std::uint32_t>(profile_id_)};
   std::uint64_t next_seq_ = 1;       // recorder lock
   Node* unreq_head_ = nullptr;       // recorder lock: the lazy window, record order
   Node* unreq_tail_ = nullptr;

@@ -36,6 +36,7 @@ using ErrorPtr = std::shared_ptr<ErrorRecord>;
 struct VarState {
   Var handle;                     // [rec] generation 0 while never used
   bool alive = false;             // [rec] false once its deletion is recorded
+  const char* owner = nullptr;    // [rec] new_owned_var: only delete_owned_var deletes it
   Node* last_writer = nullptr;    // [rec] holds a ref; kept after it finishes (its error)
   SmallVector<Node*, 4> readers;  // [rec] reads since last_writer, one ref each
   std::uint32_t prune_at = 8;     // [rec] readers.size() at which finished readers are dropped

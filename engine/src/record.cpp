@@ -23,16 +23,20 @@ void EngineImpl::check_not_in_op(std::string_view call) const {
   }
 }
 
-Var EngineImpl::new_var() {
+Var EngineImpl::new_var(const char* owner) {
   RecLock lk(record_mu_);
-  return vars_.create();
+  return vars_.create(owner);
 }
 
 // The var is refused from now on; its slot is recycled when its last hold
 // goes: at once when no access is pending, else at the last completion.
-void EngineImpl::delete_var(Var v) {
+void EngineImpl::delete_var(Var v, bool by_owner) {
   RecLock lk(record_mu_);
   VarState* s = vars_.find(v, "delete_var");
+  if (s->owner != nullptr && !by_owner) {
+    throw InvalidArgument("delete_var: var #" + std::to_string(v.index) + " belongs to " + s->owner +
+                          ", which deletes it when its last handle goes");
+  }
   s->alive = false;
   vars_.drop(s);
 }
@@ -138,6 +142,11 @@ void EngineImpl::push(Function fn, std::span<const Var> reads, std::span<const V
   if (options.device.id < 0) {
     throw InvalidArgument("push '" + std::string(name) + "': device ids are >= 0, got " +
                           options.device.str());
+  }
+  if (options.stream != StreamKind::kCompute && options.stream != StreamKind::kCopyIn &&
+      options.stream != StreamKind::kCopyOut) {
+    throw InvalidArgument("push '" + std::string(name) + "': unknown stream kind " +
+                          std::to_string(static_cast<int>(options.stream)));
   }
   StreamDevice* sdev = nullptr;
   if (options.device.kind != DeviceKind::kCpu) {

@@ -15,6 +15,10 @@ DeviceSlot& EngineImpl::slot_of(const Device& d) {
 }
 
 StreamDevice& EngineImpl::stream_device(Device d) {
+  if (d.kind != DeviceKind::kCpu && d.kind != DeviceKind::kSim && d.kind != DeviceKind::kGpu) {
+    throw InvalidArgument("stream_device: " + d.str() + " is not a device (unknown device kind " +
+                          std::to_string(static_cast<int>(d.kind)) + ")");
+  }
   if (d.kind == DeviceKind::kCpu) {
     throw InvalidArgument("stream_device: " + d.str() + " is not a stream device");
   }

@@ -20,12 +20,12 @@ namespace lazydag::engine::detail {
 
 class VarTable {
  public:
-  explicit VarTable(NodePool& pool) : pool_(pool) {}
+  VarTable(NodePool& pool, std::uint32_t engine_id) : pool_(pool), engine_id_(engine_id) {}
   VarTable(const VarTable&) = delete;
   VarTable& operator=(const VarTable&) = delete;
 
   /// A new live var (one hold: its liveness). Recorder lock held.
-  Var create() {
+  Var create(const char* owner = nullptr) {
     std::uint32_t index = 0;
     if (free_ == 0) free_ = returned_.exchange(0, std::memory_order_acquire);
     if (free_ != 0) {
@@ -40,7 +40,9 @@ class VarTable {
     s.handle.index = index;
     s.handle.generation =
         s.handle.generation == std::numeric_limits<std::uint32_t>::max() ? 1 : s.handle.generation + 1;
+    s.handle.engine = engine_id_;
     s.alive = true;
+    s.owner = owner;
     s.holds.store(1, std::memory_order_relaxed);
     return s.handle;
   }
@@ -49,7 +51,7 @@ class VarTable {
   /// pushed, if any). The message is built only on failure. Recorder lock held.
   VarState* find(Var v, std::string_view call, std::string_view op = {}) {
     bool deleted = false;
-    if (v.valid() && v.index < count_) {
+    if (v.engine == engine_id_ && v.valid() && v.index < count_) {
       VarState& s = slot(v.index);
       if (s.handle.generation == v.generation && s.alive) return &s;
       deleted = v.generation <= s.handle.generation;
@@ -57,6 +59,11 @@ class VarTable {
     std::string where(call);
     if (!op.empty()) where += " '" + std::string(op) + "'";
     if (deleted) throw InvalidArgument(where + ": var #" + std::to_string(v.index) + " has been deleted");
+    if (v.valid() && v.engine != 0 && v.engine != engine_id_) {
+      throw InvalidArgument(where + ": var #" + std::to_string(v.index) +
+                            " belongs to another engine (engine " + std::to_string(v.engine) +
+                            ", this is engine " + std::to_string(engine_id_) + ")");
+    }
     throw InvalidArgument(where + ": unknown var (#" + std::to_string(v.index) + " generation " +
                           std::to_string(v.generation) + " was never created by this engine)");
   }
@@ -86,6 +93,7 @@ class VarTable {
   VarState& slot(std::uint32_t index) { return chunks_[index / kChunk][index % kChunk]; }
 
   NodePool& pool_;
+  const std::uint32_t engine_id_;                    // stamped on every handle
   std::vector<std::unique_ptr<VarState[]>> chunks_;  // recorder lock
   std::uint32_t count_ = 0;                          // recorder lock
   std::uint32_t free_ = 0;                           // recorder lock: index + 1

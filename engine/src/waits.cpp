@@ -215,7 +215,9 @@ void EngineImpl::untag(Node* target, std::uint32_t tag) {
 // the watchdog expired first (only when `watchdog` and it is on).
 template <class Done>
 bool EngineImpl::help_until(std::uint32_t tag, Done done, bool watchdog) {
-  const bool timed = watchdog && options_.watchdog_seconds > 0;
+  // A watchdog of a billion seconds or more (infinity too) never fires: the
+  // deadline would overflow the clock's nanoseconds.
+  const bool timed = watchdog && options_.watchdog_seconds > 0 && options_.watchdog_seconds < 1e9;
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                             std::chrono::duration<double>(timed ? options_.watchdog_seconds : 0.0));

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <sstream>
 #include <utility>
 
 namespace lazydag {
@@ -104,12 +105,15 @@ struct Storage {
   void* data = nullptr;  // stream devices: set by the first writer, in stream order
   std::size_t bytes;
 
-  Storage(engine::Engine& e, Device dev, std::size_t n) : eng(&e), var(e.new_var()), device(dev), bytes(n) {
+  // The var is owned: deleting it through the engine is refused (it would
+  // leave this storage unable to order its own free).
+  Storage(engine::Engine& e, Device dev, std::size_t n)
+      : eng(&e), var(e.new_owned_var("an NDArray")), device(dev), bytes(n) {
     if (dev.is_stream_device()) return;
     try {
       data = HostPool::get().allocate(n);  // 64-byte aligned, pooled by size class
     } catch (...) {
-      e.delete_var(var);
+      e.delete_owned_var(var);
       throw;
     }
     g_bytes.fetch_add(static_cast<std::int64_t>(n), std::memory_order_relaxed);
@@ -132,7 +136,11 @@ struct Storage {
       HostPool::get().release(data, bytes);
       g_bytes.fetch_sub(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
     }
-    eng->delete_var(var);
+    try {
+      eng->delete_owned_var(var);
+    } catch (const std::exception& e) {  // a destructor never throws
+      std::cerr << "lazydag: could not record the deletion of an array's var: " << e.what() << '\n';
+    }
   }
   /// Inside an op on the storage's device: the buffer, allocated now on the
   /// op's stream if this is its first write.
@@ -198,11 +206,17 @@ engine::PushOptions push_options(Device dev, const char* name, std::size_t bytes
 }
 
 StatePtr new_array(const Shape& shape, DType t, Device dev, const char* op) {
-  check_shape(shape, op);
+  check_shape(shape, op);  // the byte count below cannot overflow
   check_device(dev, op);
+  const std::size_t bytes = static_cast<std::size_t>(numel(shape)) * size_of(t);
   auto st = std::make_shared<ArrayState>();
-  st->storage = std::make_shared<Storage>(nd::engine(), dev,
-                                          static_cast<std::size_t>(numel(shape)) * size_of(t));
+  try {
+    st->storage = std::make_shared<Storage>(nd::engine(), dev, bytes);
+  } catch (const std::bad_alloc&) {
+    throw Error(std::string(op) + ": out of memory allocating " + std::to_string(bytes) +
+                " bytes for a " + std::string(to_string(t)) + " array of shape " + to_string(shape) +
+                " on " + dev.str());
+  }
   st->shape = shape;
   st->strides = contiguous_strides(shape);
   st->dtype = t;
@@ -220,6 +234,12 @@ StatePtr make_view(const StatePtr& base, Shape shape, Strides strides, std::int6
 }
 
 bool contiguous(const ArrayState& s) { return s.strides == contiguous_strides(s.shape); }
+
+// True when writing every element of `s` writes every byte of its buffer.
+bool covers_storage(const ArrayState& s) {
+  return s.offset == 0 && contiguous(s) &&
+         static_cast<std::size_t>(numel(s.shape)) * size_of(s.dtype) == s.storage->bytes;
+}
 
 // Operands must share one device: data never moves implicitly.
 Device common_device(std::initializer_list<const ArrayState*> xs, const char* op) {
@@ -334,10 +354,24 @@ NDArray binary_op(ops::BinaryOp op, const NDArray& x, const NDArray& y) {
   return Access::wrap(out);
 }
 
+// The scalar takes the array's dtype: an integer division by a scalar that
+// truncates to 0 is refused here, saying so, rather than failing later.
+void check_scalar_divisor(ops::BinaryOp op, const ArrayState& a, double s, const char* name) {
+  if (op != ops::BinaryOp::kDiv || is_floating(a.dtype)) return;
+  if (std::isnan(s) || std::trunc(s) == 0.0) {
+    std::ostringstream v;
+    v << s;
+    throw InvalidArgument(std::string(name) + ": integer division by zero: the scalar " + v.str() +
+                          " was converted to " + std::string(to_string(a.dtype)) +
+                          " 0 (the scalar takes the array's dtype; use astype for a float division)");
+  }
+}
+
 NDArray scalar_op(ops::BinaryOp op, const NDArray& x, double s, bool scalar_first) {
   const char* name = to_string(op).data();
   const StatePtr& a = Access::state(x, name);
   check_binary(op, *a, name);
+  if (!scalar_first) check_scalar_divisor(op, *a, s, name);
   StatePtr out = new_array(a->shape, a->dtype, a->storage->device, name);
   record(name, {a}, out, [op, s, scalar_first](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o) {
     ops::binary_scalar(ctx, op, view(*in[0]), s, scalar_first, view(o));
@@ -391,6 +425,7 @@ void inplace_op(ops::BinaryOp op, const StatePtr& a, StatePtr b, const char* nam
 
 void inplace_scalar(ops::BinaryOp op, const StatePtr& a, double s, const char* name) {
   check_binary(op, *a, name);
+  check_scalar_divisor(op, *a, s, name);
   record(name, {a}, a, [op, s](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o) {
     ops::binary_scalar(ctx, op, view(*in[0]), s, false, view(o));
   });
@@ -650,11 +685,18 @@ NDArray& NDArray::assign(const NDArray& o) {
                           " does not broadcast to the target's " + to_string(a->shape));
   }
   if (b->storage == a->storage) b = Access::state(Access::wrap(b).copy(), "assign");
-  // A read-modify-write of the target: a view leaves the rest of the buffer
-  // as it was, including an error an earlier write left there.
-  record("assign", {b, a}, a, [](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o2) {
+  auto kernel = [](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o2) {
     ops::copy_cast(ctx, view(*in[0]), view(o2));
-  });
+  };
+  if (covers_storage(*a)) {
+    // Every byte of the buffer is overwritten: a pure write, which also
+    // clears an error an earlier write left on the array.
+    record("assign", {b}, a, kernel);
+  } else {
+    // A read-modify-write of the buffer: the view leaves the rest as it
+    // was, including an error an earlier write left there.
+    record("assign", {b, a}, a, kernel);
+  }
   return *this;
 }
 
@@ -722,10 +764,15 @@ NDArray operator>=(const NDArray& a, double s) { return compare_scalar_op(ops::C
 
 namespace detail {
 
-NDArray make_array(const void* data, DType t, const Shape& shape, Device dev) {
+NDArray make_array(const void* data, std::size_t count, DType t, const Shape& shape, Device dev) {
+  check_shape(shape, "nd::array");
+  if (static_cast<std::uint64_t>(numel(shape)) != count) {
+    throw InvalidArgument("nd::array: " + std::to_string(count) + " values do not fill shape " +
+                          to_string(shape) + " (" + std::to_string(numel(shape)) + " elements)");
+  }
   if (dev.is_stream_device()) {
     check_device(dev, "nd::array");
-    return make_array(data, t, shape, cpu()).copyto(dev);
+    return make_array(data, count, t, shape, cpu()).copyto(dev);
   }
   StatePtr out = new_array(shape, t, dev, "nd::array");
   // The buffer is new and no op refers to it yet: fill it right here.
@@ -765,6 +812,12 @@ NDArray arange(double start, double stop, double step, DType t, Device dev) {
     throw InvalidArgument("arange: step must be non-zero and the bounds finite");
   }
   const double count = std::ceil((stop - start) / step);
+  if (!(count <= static_cast<double>(kMaxElements))) {  // also a NaN or infinite count
+    std::ostringstream msg;
+    msg << "arange: [" << start << ", " << stop << ") by " << step << " has " << count
+        << " elements, more than the maximum of " << kMaxElements;
+    throw InvalidArgument(msg.str());
+  }
   const auto n = static_cast<std::int64_t>(count > 0 ? count : 0);
   StatePtr out = new_array({n}, t, dev, "arange");
   record("arange", {}, out, [start, step](const engine::RunContext& ctx, const Inputs&, const ArrayState& o) {
@@ -862,7 +915,7 @@ NDArray concat(const std::vector<NDArray>& arrays, int axis) {
       throw InvalidArgument("concat: shapes " + to_string(first->shape) + " and " +
                             to_string(a->shape) + " differ outside axis " + std::to_string(axis));
     }
-    s[axis] += a->shape[axis];
+    s[axis] = checked_dim_sum(s[axis], a->shape[axis], "concat");
   }
   StatePtr out = new_array(s, first->dtype, first->storage->device, "concat");
   std::vector<engine::Var> reads;

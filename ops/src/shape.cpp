@@ -60,12 +60,34 @@ void check_shape(std::span<const std::int64_t> shape, std::string_view op) {
     throw InvalidArgument(std::string(op) + ": rank " + std::to_string(shape.size()) +
                           " exceeds the maximum of " + std::to_string(kMaxRank));
   }
+  std::int64_t extent = 1;  // zero dims as one: the strides are products of the others
+  bool too_large = false;
   for (auto d : shape) {
     if (d < 0) {
       throw InvalidArgument(std::string(op) + ": negative dimension in shape " +
                             to_string(shape));
     }
+    if (too_large) continue;
+    std::int64_t next = 0;
+    too_large = __builtin_mul_overflow(extent, std::max<std::int64_t>(d, 1), &next) ||
+                next > kMaxElements;
+    extent = next;
   }
+  if (too_large) {
+    throw InvalidArgument(std::string(op) + ": shape " + to_string(shape) +
+                          " has too many elements (the product of its dimensions exceeds " +
+                          std::to_string(kMaxElements) + ")");
+  }
+}
+
+std::int64_t checked_dim_sum(std::int64_t a, std::int64_t b, std::string_view op) {
+  std::int64_t s = 0;
+  if (__builtin_add_overflow(a, b, &s) || s > kMaxElements) {
+    throw InvalidArgument(std::string(op) + ": a dimension of " + std::to_string(a) + " + " +
+                          std::to_string(b) + " exceeds the maximum of " +
+                          std::to_string(kMaxElements) + " elements");
+  }
+  return s;
 }
 
 }  // namespace lazydag
@@ -103,6 +125,7 @@ Shape broadcast_shapes(std::span<const std::int64_t> a, std::span<const std::int
     }
     out[i] = da == 1 ? db : da;
   }
+  check_shape(out, op);  // (2^40, 1) and (1, 2^40) each fit; their broadcast does not
   return out;
 }
 
@@ -152,23 +175,27 @@ Shape reshape_shape(std::span<const std::int64_t> from, std::span<const std::int
       infer = i;
     } else if (out[i] < 0) {
       throw InvalidArgument("reshape: negative dimension in " + lazydag::to_string(wanted));
-    } else {
-      known *= out[i];
     }
   }
+  // The known dims alone must make a valid shape (a -1 stands for one
+  // element here): their product is then computed without overflow.
+  Shape probe = out;
+  if (infer >= 0) probe[infer] = 1;
+  check_shape(probe, "reshape");
+  known = numel(probe);
   const std::int64_t total = numel(from);
   if (infer >= 0) {
     if (known == 0 || total % known != 0) {
-      throw InvalidArgument("reshape: cannot reshape " + lazydag::to_string(from) + " into " +
-                            lazydag::to_string(wanted));
+      throw InvalidArgument("reshape: cannot reshape " + lazydag::to_string(from) + " (" +
+                            std::to_string(total) + " elements) into " + lazydag::to_string(wanted));
     }
     out[infer] = total / known;
   }
+  check_shape(out, "reshape");
   if (numel(out) != total) {
     throw InvalidArgument("reshape: cannot reshape " + lazydag::to_string(from) + " (" +
                           std::to_string(total) + " elements) into " + lazydag::to_string(wanted));
   }
-  check_shape(out, "reshape");
   return out;
 }
 

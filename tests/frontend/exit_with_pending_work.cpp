@@ -1,6 +1,7 @@
-// A program that exits with recorded work never waited for, and with an
-// array in static storage: the work must run at exit and nothing may crash
-// when the static array is destroyed after the exit handlers.
+// A program that exits with recorded work never waited for, some of which
+// records more work while it runs, and with an array in static storage: all
+// of the work must run at exit and nothing may crash when the static array
+// is destroyed after the exit handlers.
 #include <lazydag/lazydag.hpp>
 
 #include <atomic>
@@ -12,6 +13,7 @@ using namespace lazydag;
 
 namespace {
 std::atomic<bool> ran{false};
+std::atomic<int> nested{0};
 }  // namespace
 
 NDArray global_keep;  // destroyed after the engine's exit handler ran
@@ -23,6 +25,11 @@ int main() {
       std::fputs("recorded work was lost at exit\n", stderr);
       _exit(1);
     }
+    if (nested.load() != 30) {
+      std::fprintf(stderr, "work recorded by running nodes was lost at exit: %d of 30 ran\n",
+                   nested.load());
+      _exit(1);
+    }
   });
   NDArray a = nd::random_uniform({200, 200}, cpu(), 1);
   global_keep = nd::matmul(a, a) + 1.0;
@@ -30,5 +37,20 @@ int main() {
   engine::Var v = nd::engine().new_var();
   nd::engine().push([](const engine::RunContext&) { ran = true; }, {global_keep.var()}, {v},
                     {.name = "last"});
+  // Ten nodes that each record a node that records another, while they run.
+  for (int i = 0; i < 10; ++i) {
+    engine::Var w = nd::engine().new_var();
+    nd::engine().push(
+        [w](const engine::RunContext&) {
+          ++nested;
+          nd::engine().push(
+              [w](const engine::RunContext&) {
+                ++nested;
+                nd::engine().push([](const engine::RunContext&) { ++nested; }, {w}, {});
+              },
+              {w}, {});
+        },
+        {}, {w}, {.name = "nested"});
+  }
   return 0;  // no wait: everything above is still pending under the lazy policy
 }

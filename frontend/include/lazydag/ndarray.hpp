@@ -209,7 +209,9 @@ NDArray operator>=(const NDArray& a, double s);
 std::ostream& operator<<(std::ostream& os, const NDArray& a);
 
 namespace detail {
-NDArray make_array(const void* data, DType t, const Shape& shape, Device dev);
+/// A host copy of `count` values of dtype `t` as an array of `shape` on
+/// `dev`; InvalidArgument unless count is the shape's element count.
+NDArray make_array(const void* data, std::size_t count, DType t, const Shape& shape, Device dev);
 }  // namespace detail
 
 namespace nd {
@@ -226,13 +228,9 @@ template <class T>
 [[nodiscard]] NDArray array(const std::vector<T>& data, const Shape& shape, Device dev = default_device()) {
   if constexpr (std::is_same_v<T, bool>) {
     std::vector<unsigned char> bytes(data.begin(), data.end());
-    return detail::make_array(bytes.data(), DType::kBool, shape, dev);
+    return detail::make_array(bytes.data(), bytes.size(), DType::kBool, shape, dev);
   } else {
-    if (static_cast<std::int64_t>(data.size()) != numel(shape)) {
-      throw InvalidArgument("nd::array: " + std::to_string(data.size()) +
-                            " values do not fill shape " + to_string(shape));
-    }
-    return detail::make_array(data.data(), dtype_of<T>(), shape, dev);
+    return detail::make_array(data.data(), data.size(), dtype_of<T>(), shape, dev);
   }
 }
 /// Counter-based random numbers: the values depend only on (seed, shape),

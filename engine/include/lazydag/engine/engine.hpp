@@ -61,6 +61,7 @@ class StreamDevice;
 struct Var {
   std::uint32_t index = 0;
   std::uint32_t generation = 0;  ///< 0 only in the default (invalid) handle
+  std::uint32_t engine = 0;      ///< the engine that made it (its id, never 0)
   [[nodiscard]] bool valid() const noexcept { return generation != 0; }
   friend bool operator==(const Var&, const Var&) = default;
 };
@@ -102,7 +103,8 @@ struct EngineOptions {
   std::size_t max_pending = 16384;
   /// Debugging aid: a wait that blocks longer than this many seconds fails
   /// with WatchdogTimeout listing the pending nodes it waits for, instead of
-  /// hanging. 0 = off. From LAZYDAG_WATCHDOG.
+  /// hanging. 0 = off; 1e9 or more (or infinity) never fires. From
+  /// LAZYDAG_WATCHDOG.
   double watchdog_seconds = 0;
   /// Run-ahead bound per stream device: nodes launched and not yet complete
   /// (LAZYDAG_MAX_IN_FLIGHT). A ready node waits while its device is full.
@@ -112,7 +114,9 @@ struct EngineOptions {
   std::size_t max_in_flight_bytes = std::size_t{4} << 30;
 
   /// Defaults overridden by the environment; throws InvalidArgument on a
-  /// malformed value.
+  /// malformed value. (Engine's constructor checks every field: num_threads
+  /// in 0..1024, max_pending and max_in_flight up to 2^32 - 1, max_in_flight
+  /// >= 1, watchdog_seconds >= 0, a policy of the enumeration.)
   [[nodiscard]] static EngineOptions from_env();
 };
 
@@ -182,8 +186,17 @@ class Engine {
   [[nodiscard]] Var new_var();
 
   /// Records the deletion of `v`: it runs after every earlier access of `v`.
-  /// Any later use of `v` throws InvalidArgument. Non-blocking.
+  /// Any later use of `v` throws InvalidArgument. Throws InvalidArgument for
+  /// a var that is unknown, deleted, of another engine, or owned (below).
+  /// Non-blocking.
   void delete_var(Var v);
+  /// A new variable owned by a handle that deletes it itself, such as an
+  /// NDArray's storage: delete_var refuses it, naming `owner` (a string
+  /// with static storage, e.g. "an NDArray"), so deleting it behind the
+  /// owner's back is an error at that call, not a failure later. Non-blocking.
+  [[nodiscard]] Var new_owned_var(const char* owner);
+  /// delete_var for a var from new_owned_var (what its owner calls).
+  void delete_owned_var(Var v);
 
   /// Records one node reading `reads` and writing `writes` (a var in both is
   /// a read-modify-write; duplicates coalesce) and returns without running

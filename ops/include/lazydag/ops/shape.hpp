@@ -17,15 +17,25 @@ using Shape = std::vector<std::int64_t>;
 using Strides = std::vector<std::int64_t>;  // in elements
 
 inline constexpr int kMaxRank = 8;
+/// The most elements an array may have, counting a zero dim as one (so that
+/// strides fit too): a byte count of any dtype then fits in an int64.
+inline constexpr std::int64_t kMaxElements = (std::int64_t{1} << 60) - 1;
 
 /// "(2, 3)", "()" for a scalar.
 [[nodiscard]] std::string to_string(std::span<const std::int64_t> shape);
-/// Product of the dims (1 for a scalar, 0 when a dim is 0).
+/// Product of the dims (1 for a scalar, 0 when a dim is 0). Of a shape that
+/// passed check_shape: it does not check for overflow.
 [[nodiscard]] std::int64_t numel(std::span<const std::int64_t> shape) noexcept;
 /// Row-major strides of a contiguous array of this shape.
 [[nodiscard]] Strides contiguous_strides(std::span<const std::int64_t> shape);
-/// Refuses negative dims and ranks above kMaxRank.
+/// Refuses negative dims, ranks above kMaxRank and shapes whose product of
+/// dims (zero dims counted as one) exceeds kMaxElements, with
+/// InvalidArgument naming `op` and the shape. Every shape an array is given
+/// passes here, so element, stride and byte counts of arrays never overflow.
 void check_shape(std::span<const std::int64_t> shape, std::string_view op);
+/// a + b of two dims, or InvalidArgument naming `op` when the sum exceeds
+/// kMaxElements.
+[[nodiscard]] std::int64_t checked_dim_sum(std::int64_t a, std::int64_t b, std::string_view op);
 
 }  // namespace lazydag
 

@@ -123,18 +123,33 @@ TEST_SUITE("engine") {
       CAPTURE(seconds);
       EngineOptions o;
       o.policy = Policy::kEager;
-      o.num_threads = 1;
+      o.num_threads = 2;
       o.watchdog_seconds = seconds;
       Engine eng(o);
       Var a = eng.new_var();
-      // The op outlasts the wait's spin, so the wait parks with its timeout.
+      // A long op on a worker, so this thread's wait parks with its timeout;
+      // meanwhile another thread's waits complete, waking every parked
+      // waiter, which then checks its deadline.
+      std::atomic<bool> started{false};
+      std::atomic<bool> helper_done{false};
       eng.push(
-          [](const RunContext&) {
-            const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
-            while (std::chrono::steady_clock::now() < until) std::this_thread::yield();
+          [&](const RunContext&) {
+            started = true;
+            (void)test::spin_until([&] { return helper_done.load(); });
           },
           {}, {a});
+      REQUIRE(test::spin_until([&] { return started.load(); }));
+      std::thread helper([&] {
+        Var c = eng.new_var();
+        const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+        while (std::chrono::steady_clock::now() < until) {
+          eng.push(nothing, {}, {c});
+          eng.wait_to_read(c);
+        }
+        helper_done = true;
+      });
       CHECK_NOTHROW(eng.wait_to_read(a));
+      helper.join();
       CHECK_NOTHROW(eng.waitall());
     }
   }

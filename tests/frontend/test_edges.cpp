@@ -62,6 +62,22 @@ TEST_SUITE("ndarray") {
     CHECK(nd::zeros({0, kMaxElements}, DType::kFloat64, dev).size() == 0);
   }
 
+  TEST_CASE("Edges.AnArrayLargerThanTheAddressSpaceIsAnError" * doctest::timeout(60)) {
+    // 2^50 bytes: a valid shape no machine can hold (beyond the 47-bit user
+    // address space, so no overcommit setting lets it through).
+    const std::uint64_t before = recorded();
+    try {
+      (void)nd::zeros({std::int64_t{1} << 48}, DType::kFloat32, cpu());
+      FAIL("a 1 PiB array was allocated");
+    } catch (const InvalidArgument&) {
+      FAIL("a valid shape was refused as invalid");
+    } catch (const Error& e) {
+      CHECK(std::string(e.what()).find("out of memory") != std::string::npos);
+      CHECK(std::string(e.what()).find("(281474976710656,)") != std::string::npos);
+    }
+    CHECK(recorded() == before);
+  }
+
   TEST_CASE("Edges.ShapeRulesUseCheckedArithmetic" * doctest::timeout(60)) {
     const Device dev = default_device();
     NDArray a = nd::arange(0, 16, 1, DType::kFloat32, dev);

@@ -12,7 +12,6 @@ namespace lazydag::ops::cpu {
 using ops::detail::apply_compare;
 using detail::broadcast_strides;
 using ops::detail::convert_value;
-using detail::for_each;
 using detail::typed;
 using ops::detail::wrap_add;
 using ops::detail::wrap_mul;
@@ -85,83 +84,159 @@ T from_double(double v) {
   return convert_value<T>(v);
 }
 
+// Calls g(std::integral_constant<E, op>{}): the op becomes a compile-time
+// constant of the kernel, so its switch folds away and the row loops below
+// are plain loops the compiler vectorises.
+template <class G>
+void with_op(UnaryOp op, G&& g) {
+  using U = UnaryOp;
+  switch (op) {
+    case U::kNeg: return g(std::integral_constant<U, U::kNeg>{});
+    case U::kAbs: return g(std::integral_constant<U, U::kAbs>{});
+    case U::kExp: return g(std::integral_constant<U, U::kExp>{});
+    case U::kLog: return g(std::integral_constant<U, U::kLog>{});
+    case U::kSqrt: return g(std::integral_constant<U, U::kSqrt>{});
+    case U::kTanh: return g(std::integral_constant<U, U::kTanh>{});
+    case U::kSigmoid: return g(std::integral_constant<U, U::kSigmoid>{});
+    case U::kRelu: return g(std::integral_constant<U, U::kRelu>{});
+  }
+  throw std::logic_error("unknown unary op");
+}
+template <class G>
+void with_op(BinaryOp op, G&& g) {
+  using B = BinaryOp;
+  switch (op) {
+    case B::kAdd: return g(std::integral_constant<B, B::kAdd>{});
+    case B::kSub: return g(std::integral_constant<B, B::kSub>{});
+    case B::kMul: return g(std::integral_constant<B, B::kMul>{});
+    case B::kDiv: return g(std::integral_constant<B, B::kDiv>{});
+    case B::kPow: return g(std::integral_constant<B, B::kPow>{});
+    case B::kMax: return g(std::integral_constant<B, B::kMax>{});
+    case B::kMin: return g(std::integral_constant<B, B::kMin>{});
+  }
+  throw std::logic_error("unknown binary op");
+}
+template <class G>
+void with_op(CompareOp op, G&& g) {
+  using C = CompareOp;
+  switch (op) {
+    case C::kEq: return g(std::integral_constant<C, C::kEq>{});
+    case C::kNe: return g(std::integral_constant<C, C::kNe>{});
+    case C::kLt: return g(std::integral_constant<C, C::kLt>{});
+    case C::kLe: return g(std::integral_constant<C, C::kLe>{});
+    case C::kGt: return g(std::integral_constant<C, C::kGt>{});
+    case C::kGe: return g(std::integral_constant<C, C::kGe>{});
+  }
+  throw std::logic_error("unknown comparison");
+}
+
+// One run of a kernel: y[i*sy] = f(x[i*sx]) for i < n. Unit and zero steps
+// (dense and broadcast operands) get loops of their own, which vectorise.
+template <class X, class Y, class F>
+inline void map_row(const X* x, std::int64_t sx, Y* y, std::int64_t sy, std::int64_t n, F f) {
+  if (sy == 1 && sx == 1) {
+    for (std::int64_t i = 0; i < n; ++i) y[i] = f(x[i]);
+  } else if (sy == 1 && sx == 0) {
+    const Y v = f(*x);
+    for (std::int64_t i = 0; i < n; ++i) y[i] = v;
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) y[i * sy] = f(x[i * sx]);
+  }
+}
+
+// y[i*sy] = f(x[i*sx], z[i*sz]) for i < n.
+template <class X, class Z, class Y, class F>
+inline void zip_row(const X* x, std::int64_t sx, const Z* z, std::int64_t sz, Y* y, std::int64_t sy,
+                    std::int64_t n, F f) {
+  if (sy == 1 && sx == 1 && sz == 1) {
+    for (std::int64_t i = 0; i < n; ++i) y[i] = f(x[i], z[i]);
+  } else if (sy == 1 && sx == 1 && sz == 0) {
+    const Z b = *z;
+    for (std::int64_t i = 0; i < n; ++i) y[i] = f(x[i], b);
+  } else if (sy == 1 && sx == 0 && sz == 1) {
+    const X a = *x;
+    for (std::int64_t i = 0; i < n; ++i) y[i] = f(a, z[i]);
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) y[i * sy] = f(x[i * sx], z[i * sz]);
+  }
+}
+
+using Off2 = std::array<std::int64_t, 2>;
+using Off3 = std::array<std::int64_t, 3>;
+
+// out = f(a) elementwise, a broadcast to out's shape.
+template <class X, class Y, class F>
+void map(const TensorView& a, const TensorView& out, F f) {
+  const X* x = typed<X>(a);
+  Y* y = typed<Y>(out);
+  detail::for_each_row<2>(out.shape, {broadcast_strides(a, out.shape), out.strides}, {a.offset, out.offset},
+                          [&](const Off2& o, const Off2& st, std::int64_t n) {
+                            map_row(x + o[0], st[0], y + o[1], st[1], n, f);
+                          });
+}
+
+// out = f(a, b) elementwise, both broadcast to out's shape.
+template <class X, class Y, class F>
+void zip(const TensorView& a, const TensorView& b, const TensorView& out, F f) {
+  const X* x = typed<X>(a);
+  const X* z = typed<X>(b);
+  Y* y = typed<Y>(out);
+  detail::for_each_row<3>(
+      out.shape, {broadcast_strides(a, out.shape), broadcast_strides(b, out.shape), out.strides},
+      {a.offset, b.offset, out.offset}, [&](const Off3& o, const Off3& st, std::int64_t n) {
+        zip_row(x + o[0], st[0], z + o[1], st[1], y + o[2], st[2], n, f);
+      });
+}
+
 }  // namespace
 
 void unary(UnaryOp op, const TensorView& a, const TensorView& out) {
   dispatch(out.dtype, [&]<class T>() {
-    const T* x = typed<T>(a);
-    T* y = typed<T>(out);
-    if (detail::all_dense(out.shape, a, out)) {
-      x += a.offset;
-      y += out.offset;
-      detail::parallel_range(numel(out.shape), [&](std::int64_t i0, std::int64_t i1) {
-        for (std::int64_t i = i0; i < i1; ++i) y[i] = apply_unary<T>(op, x[i]);
-      });
-      return;
-    }
-    for_each<2>(out.shape, {broadcast_strides(a, out.shape), out.strides}, {a.offset, out.offset},
-                [&](const std::array<std::int64_t, 2>& o) { y[o[1]] = apply_unary<T>(op, x[o[0]]); });
+    with_op(op, [&](auto c) {
+      map<T, T>(a, out, [](T v) { return apply_unary<T>(decltype(c)::value, v); });
+    });
   });
 }
 
 void binary(BinaryOp op, const TensorView& a, const TensorView& b, const TensorView& out) {
   dispatch(out.dtype, [&]<class T>() {
-    const T* x = typed<T>(a);
-    const T* z = typed<T>(b);
-    T* y = typed<T>(out);
-    if (detail::all_dense(out.shape, a, b, out)) {
-      x += a.offset;
-      z += b.offset;
-      y += out.offset;
-      detail::parallel_range(numel(out.shape), [&](std::int64_t i0, std::int64_t i1) {
-        for (std::int64_t i = i0; i < i1; ++i) y[i] = apply_binary<T>(op, x[i], z[i]);
-      });
-      return;
-    }
-    for_each<3>(out.shape,
-                {broadcast_strides(a, out.shape), broadcast_strides(b, out.shape), out.strides},
-                {a.offset, b.offset, out.offset}, [&](const std::array<std::int64_t, 3>& o) {
-                  y[o[2]] = apply_binary<T>(op, x[o[0]], z[o[1]]);
-                });
+    with_op(op, [&](auto c) {
+      zip<T, T>(a, b, out, [](T u, T v) { return apply_binary<T>(decltype(c)::value, u, v); });
+    });
   });
 }
 
 void binary_scalar(BinaryOp op, const TensorView& a, double scalar, bool scalar_first,
                    const TensorView& out) {
   dispatch(out.dtype, [&]<class T>() {
-    const T* x = typed<T>(a);
-    T* y = typed<T>(out);
     const T s = from_double<T>(scalar);
-    for_each<2>(out.shape, {broadcast_strides(a, out.shape), out.strides}, {a.offset, out.offset},
-                [&](const std::array<std::int64_t, 2>& o) {
-                  y[o[1]] = scalar_first ? apply_binary<T>(op, s, x[o[0]])
-                                         : apply_binary<T>(op, x[o[0]], s);
-                });
+    with_op(op, [&](auto c) {
+      constexpr BinaryOp o = decltype(c)::value;
+      if (scalar_first) {
+        map<T, T>(a, out, [s](T v) { return apply_binary<T>(o, s, v); });
+      } else {
+        map<T, T>(a, out, [s](T v) { return apply_binary<T>(o, v, s); });
+      }
+    });
   });
 }
 
 void compare(CompareOp op, const TensorView& a, const TensorView& b, const TensorView& out) {
-  bool* y = typed<bool>(out);
   dispatch(a.dtype, [&]<class T>() {
-    const T* x = typed<T>(a);
-    const T* z = typed<T>(b);
-    for_each<3>(out.shape,
-                {broadcast_strides(a, out.shape), broadcast_strides(b, out.shape), out.strides},
-                {a.offset, b.offset, out.offset}, [&](const std::array<std::int64_t, 3>& o) {
-                  y[o[2]] = apply_compare<T>(op, x[o[0]], z[o[1]]);
-                });
+    with_op(op, [&](auto c) {
+      zip<T, bool>(a, b, out, [](T u, T v) { return apply_compare<T>(decltype(c)::value, u, v); });
+    });
   });
 }
 
 void compare_scalar(CompareOp op, const TensorView& a, double scalar, const TensorView& out) {
-  bool* y = typed<bool>(out);
   dispatch(a.dtype, [&]<class T>() {
-    const T* x = typed<T>(a);
-    for_each<2>(out.shape, {broadcast_strides(a, out.shape), out.strides}, {a.offset, out.offset},
-                [&](const std::array<std::int64_t, 2>& o) {
-                  // compare in double so that x < 0.5 means what it says for ints
-                  y[o[1]] = apply_compare<double>(op, static_cast<double>(x[o[0]]), scalar);
-                });
+    with_op(op, [&](auto c) {
+      // compare in double so that x < 0.5 means what it says for ints
+      map<T, bool>(a, out, [scalar](T v) {
+        return apply_compare<double>(decltype(c)::value, static_cast<double>(v), scalar);
+      });
+    });
   });
 }
 
@@ -172,34 +247,28 @@ void where(const TensorView& cond, const TensorView& a, const TensorView& b,
     const T* x = typed<T>(a);
     const T* z = typed<T>(b);
     T* y = typed<T>(out);
-    for_each<4>(out.shape,
-                {broadcast_strides(cond, out.shape), broadcast_strides(a, out.shape),
-                 broadcast_strides(b, out.shape), out.strides},
-                {cond.offset, a.offset, b.offset, out.offset},
-                [&](const std::array<std::int64_t, 4>& o) {
-                  y[o[3]] = c[o[0]] ? x[o[1]] : z[o[2]];
-                });
+    using Off4 = std::array<std::int64_t, 4>;
+    detail::for_each_row<4>(
+        out.shape,
+        {broadcast_strides(cond, out.shape), broadcast_strides(a, out.shape),
+         broadcast_strides(b, out.shape), out.strides},
+        {cond.offset, a.offset, b.offset, out.offset}, [&](const Off4& o, const Off4& st, std::int64_t n) {
+          const bool* cc = c + o[0];
+          const T* xx = x + o[1];
+          const T* zz = z + o[2];
+          T* yy = y + o[3];
+          if (st[0] == 1 && st[1] == 1 && st[2] == 1 && st[3] == 1) {
+            for (std::int64_t i = 0; i < n; ++i) yy[i] = cc[i] ? xx[i] : zz[i];
+          } else {
+            for (std::int64_t i = 0; i < n; ++i) yy[i * st[3]] = cc[i * st[0]] ? xx[i * st[1]] : zz[i * st[2]];
+          }
+        });
   });
 }
 
 void copy_cast(const TensorView& a, const TensorView& out) {
   dispatch(a.dtype, [&]<class S>() {
-    dispatch(out.dtype, [&]<class D>() {
-      const S* x = typed<S>(a);
-      D* y = typed<D>(out);
-      auto convert = [](S v) -> D { return convert_value<D>(v); };
-      if (detail::all_dense(out.shape, a, out)) {
-        x += a.offset;
-        y += out.offset;
-        detail::parallel_range(numel(out.shape), [&](std::int64_t i0, std::int64_t i1) {
-          for (std::int64_t i = i0; i < i1; ++i) y[i] = convert(x[i]);
-        });
-        return;
-      }
-      for_each<2>(out.shape, {broadcast_strides(a, out.shape), out.strides},
-                  {a.offset, out.offset},
-                  [&](const std::array<std::int64_t, 2>& o) { y[o[1]] = convert(x[o[0]]); });
-    });
+    dispatch(out.dtype, [&]<class D>() { map<S, D>(a, out, [](S v) { return convert_value<D>(v); }); });
   });
 }
 

@@ -6,6 +6,7 @@
 #include <oneapi/tbb/blocked_range.h>
 #include <oneapi/tbb/parallel_for.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -90,6 +91,96 @@ void for_each(const Shape& shape, const std::array<Strides, N>& strides,
   }
   const std::int64_t grain = std::max<std::int64_t>(1, kParallelElements / inner);
   parallel_chunks(0, rows, grain, run);
+}
+
+/// The loop nest of an elementwise kernel: `shape` with its size-1 dims
+/// dropped and adjacent dims merged wherever every operand's strides allow
+/// it, so that a dense array is one row, a row broadcast (m, n) + (n,) has
+/// rows of n, and a column broadcast (m, n) + (m, 1) rows of n whose second
+/// operand has step 0. Rank >= 1 (a scalar is one row of one element).
+template <std::size_t N>
+struct Nest {
+  int rank = 1;
+  std::array<std::int64_t, kMaxRank> shape{};
+  std::array<std::array<std::int64_t, kMaxRank>, N> strides{};
+};
+
+template <std::size_t N>
+Nest<N> make_nest(const Shape& shape, const std::array<Strides, N>& strides) {
+  Nest<N> n;
+  int r = 0;
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    bool merge = r > 0;
+    for (std::size_t k = 0; merge && k < N; ++k) {
+      merge = n.strides[k][r - 1] == strides[k][d] * shape[d];
+    }
+    if (merge) {
+      n.shape[r - 1] *= shape[d];
+      for (std::size_t k = 0; k < N; ++k) n.strides[k][r - 1] = strides[k][d];
+    } else {
+      n.shape[r] = shape[d];
+      for (std::size_t k = 0; k < N; ++k) n.strides[k][r] = strides[k][d];
+      ++r;
+    }
+  }
+  if (r == 0) {
+    n.shape[0] = 1;
+    r = 1;
+  }
+  n.rank = r;
+  return n;
+}
+
+/// Calls row(off, step, len) for every run of consecutive elements along
+/// the innermost dim of the merged nest of `shape`: off[k] is operand k's
+/// element offset of the run's first element, step[k] its step (0 along a
+/// broadcast dim). In parallel chunks of about kParallelElements elements
+/// when the array is large, split inside rows as well as across them, so a
+/// one-row (dense) array is split too. Row functions whose steps are 0 or 1
+/// are loops the compiler vectorises.
+template <std::size_t N, class Row>
+void for_each_row(const Shape& shape, const std::array<Strides, N>& strides,
+                  const std::array<std::int64_t, N>& base, Row&& row) {
+  const std::int64_t total = numel(shape);
+  if (total == 0) return;
+  const Nest<N> nest = make_nest<N>(shape, strides);
+  const int inner_dim = nest.rank - 1;
+  const std::int64_t inner = nest.shape[inner_dim];
+  std::array<std::int64_t, N> step{};
+  for (std::size_t k = 0; k < N; ++k) step[k] = nest.strides[k][inner_dim];
+  // Elements [e0, e1) in row-major order of the nest.
+  auto run = [&](std::int64_t e0, std::int64_t e1) {
+    std::array<std::int64_t, kMaxRank> idx{};
+    std::int64_t rem = e0 / inner;
+    std::int64_t j = e0 % inner;
+    std::array<std::int64_t, N> off = base;
+    for (int d = inner_dim - 1; d >= 0; --d) {
+      idx[d] = rem % nest.shape[d];
+      rem /= nest.shape[d];
+      for (std::size_t k = 0; k < N; ++k) off[k] += idx[d] * nest.strides[k][d];
+    }
+    for (std::int64_t e = e0; e < e1;) {
+      const std::int64_t len = std::min(inner - j, e1 - e);
+      std::array<std::int64_t, N> at = off;
+      for (std::size_t k = 0; k < N; ++k) at[k] += j * step[k];
+      row(at, step, len);
+      e += len;
+      j = 0;
+      // next row: an odometer over the outer dims
+      for (int d = inner_dim - 1; d >= 0; --d) {
+        for (std::size_t k = 0; k < N; ++k) off[k] += nest.strides[k][d];
+        if (++idx[d] < nest.shape[d]) break;
+        for (std::size_t k = 0; k < N; ++k) off[k] -= nest.shape[d] * nest.strides[k][d];
+        idx[d] = 0;
+      }
+    }
+  };
+  if (total < kParallelElements) {
+    run(0, total);
+    return;
+  }
+  parallel_chunks(0, total, kParallelElements, run);
 }
 
 /// True when every view is contiguous and has exactly `shape`.

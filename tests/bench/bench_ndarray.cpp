@@ -10,11 +10,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <new>
+#include <thread>
 #include <vector>
 
 using namespace lazydag;
@@ -114,7 +116,8 @@ int main() {
                 all / ours);
   }
 
-  // elementwise add and sum of 16M float32: GB/s against a plain loop.
+  // elementwise ops and sum of 16M float32: GB/s against plain loops over
+  // the same buffers, on one thread and split over two (the memory limit).
   {
     const std::int64_t n = 1 << 24;
     NDArray a = nd::random_uniform({n}, cpu(), 3);
@@ -122,15 +125,47 @@ int main() {
     const auto va = a.to_vector<float>();
     const auto vb = b.to_vector<float>();
     std::vector<float> vc(va.size());
-    const double bytes = 3.0 * n * 4;
-    const double ours = median_seconds([&] { (a + b).wait_to_read(); });
-    const double loop = median_seconds([&] {
-      for (std::int64_t i = 0; i < n; ++i) vc[i] = va[i] + vb[i];
-    });
-    std::printf("bench=ndarray workload=add n=%lld lazydag_gbps=%.2f\n", static_cast<long long>(n),
-                bytes / ours * 1e-9);
-    std::printf("bench=ndarray workload=add n=%lld peer=loop_1thread gbps=%.2f\n",
-                static_cast<long long>(n), bytes / loop * 1e-9);
+    auto split2 = [&](auto body) {  // body(lo, hi) on two threads
+      std::thread t([&] { body(n / 2, n); });
+      body(0, n / 2);
+      t.join();
+    };
+    auto report = [&](const char* workload, double bytes, double ours, double one, double two) {
+      std::printf("bench=ndarray workload=%s n=%lld lazydag_gbps=%.2f\n", workload, static_cast<long long>(n),
+                  bytes / ours * 1e-9);
+      std::printf("bench=ndarray workload=%s n=%lld peer=loop_1thread gbps=%.2f\n", workload,
+                  static_cast<long long>(n), bytes / one * 1e-9);
+      std::printf("bench=ndarray workload=%s n=%lld peer=loop_2threads gbps=%.2f\n", workload,
+                  static_cast<long long>(n), bytes / two * 1e-9);
+      std::printf("bench=ndarray workload=%s ratio_vs_loop_2threads=%.2f\n", workload, two / ours);
+    };
+    {
+      const double ours = median_seconds([&] { (a + b).wait_to_read(); });
+      auto body = [&](std::int64_t lo, std::int64_t hi) {
+        for (std::int64_t i = lo; i < hi; ++i) vc[i] = va[i] + vb[i];
+      };
+      const double one = median_seconds([&] { body(0, n); });
+      const double two = median_seconds([&] { split2(body); });
+      report("add", 3.0 * n * 4, ours, one, two);
+    }
+    {
+      const double ours = median_seconds([&] { nd::exp(a).wait_to_read(); });
+      auto body = [&](std::int64_t lo, std::int64_t hi) {
+        for (std::int64_t i = lo; i < hi; ++i) vc[i] = std::exp(va[i]);
+      };
+      const double one = median_seconds([&] { body(0, n); });
+      const double two = median_seconds([&] { split2(body); });
+      report("exp", 2.0 * n * 4, ours, one, two);
+    }
+    {
+      const double ours = median_seconds([&] { nd::tanh(a).wait_to_read(); });
+      auto body = [&](std::int64_t lo, std::int64_t hi) {
+        for (std::int64_t i = lo; i < hi; ++i) vc[i] = std::tanh(va[i]);
+      };
+      const double one = median_seconds([&] { body(0, n); });
+      const double two = median_seconds([&] { split2(body); });
+      report("tanh", 2.0 * n * 4, ours, one, two);
+    }
     const double sum = median_seconds([&] { (void)a.sum().item<float>(); });
     std::printf("bench=ndarray workload=sum n=%lld lazydag_gbps=%.2f\n", static_cast<long long>(n),
                 n * 4.0 / sum * 1e-9);

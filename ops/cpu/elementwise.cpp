@@ -1,11 +1,13 @@
 // CPU elementwise kernels: unary and binary math with broadcasting,
 // comparisons, where, dtype conversion, fills and counter-based random numbers.
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <type_traits>
 
 #include "../src/element.hpp"
 #include "iterate.hpp"
+#include "vmath.hpp"
 
 namespace lazydag::ops::cpu {
 
@@ -190,8 +192,51 @@ void zip(const TensorView& a, const TensorView& b, const TensorView& out, F f) {
 
 }  // namespace
 
+// exp, log, tanh and sigmoid of float32/float64 through SLEEF's vector
+// routines: unit-step runs directly, strided runs through a stack block.
+// sigmoid keeps its definition, 1 / (1 + exp(-x)), with the vector exp.
+template <class T>
+void vector_unary(UnaryOp op, const TensorView& a, const TensorView& out) {
+  const vmath::Fn fn = op == UnaryOp::kLog ? vmath::Fn::kLog
+                       : op == UnaryOp::kTanh ? vmath::Fn::kTanh
+                                              : vmath::Fn::kExp;
+  const bool sigmoid = op == UnaryOp::kSigmoid;
+  auto dense = [&](const T* x, T* y, std::int64_t n) {
+    if (!sigmoid) {
+      vmath::apply(fn, x, y, n);
+      return;
+    }
+    for (std::int64_t i = 0; i < n; ++i) y[i] = -x[i];
+    vmath::apply(vmath::Fn::kExp, y, y, n);
+    for (std::int64_t i = 0; i < n; ++i) y[i] = T(1) / (T(1) + y[i]);
+  };
+  const T* x = typed<T>(a);
+  T* y = typed<T>(out);
+  detail::for_each_row<2>(out.shape, {broadcast_strides(a, out.shape), out.strides}, {a.offset, out.offset},
+                          [&](const Off2& o, const Off2& st, std::int64_t n) {
+                            if (st[0] == 1 && st[1] == 1) {
+                              dense(x + o[0], y + o[1], n);
+                              return;
+                            }
+                            constexpr std::int64_t kBlock = 256;
+                            T buf[kBlock];
+                            for (std::int64_t i0 = 0; i0 < n; i0 += kBlock) {
+                              const std::int64_t m = std::min(kBlock, n - i0);
+                              for (std::int64_t k = 0; k < m; ++k) buf[k] = x[o[0] + (i0 + k) * st[0]];
+                              dense(buf, buf, m);
+                              for (std::int64_t k = 0; k < m; ++k) y[o[1] + (i0 + k) * st[1]] = buf[k];
+                            }
+                          });
+}
+
 void unary(UnaryOp op, const TensorView& a, const TensorView& out) {
   dispatch(out.dtype, [&]<class T>() {
+    if constexpr (std::is_floating_point_v<T>) {
+      if (op == UnaryOp::kExp || op == UnaryOp::kLog || op == UnaryOp::kTanh || op == UnaryOp::kSigmoid) {
+        vector_unary<T>(op, a, out);
+        return;
+      }
+    }
     with_op(op, [&](auto c) {
       map<T, T>(a, out, [](T v) { return apply_unary<T>(decltype(c)::value, v); });
     });

@@ -1,0 +1,130 @@
+// SLEEF's vector routines behind one call per run of elements. Each
+// instruction set gets its own loop, compiled for that target only (the
+// library is built for the x86-64 baseline); the choice is made once, from
+// the CPU's feature bits. Other architectures use SLEEF's scalar routines.
+#include "vmath.hpp"
+
+#include <sleef.h>
+
+#include <cstring>
+
+namespace lazydag::ops::cpu::vmath {
+
+namespace {
+
+#if defined(__x86_64__) && defined(__GNUC__)
+
+}  // namespace
+
+// sleef.h declares its AVX2 and AVX-512 routines only when the including
+// file is compiled for those targets; this one is built for the baseline
+// and calls them from functions compiled for their target, so it declares
+// the ones it uses (signatures as in sleef.h 3.5).
+extern "C" {
+__m512 Sleef_expf16_u10avx512f(__m512);
+__m512 Sleef_logf16_u10avx512f(__m512);
+__m512 Sleef_tanhf16_u10avx512f(__m512);
+__m512d Sleef_expd8_u10avx512f(__m512d);
+__m512d Sleef_logd8_u10avx512f(__m512d);
+__m512d Sleef_tanhd8_u10avx512f(__m512d);
+__m256 Sleef_expf8_u10avx2(__m256);
+__m256 Sleef_logf8_u10avx2(__m256);
+__m256 Sleef_tanhf8_u10avx2(__m256);
+__m256d Sleef_expd4_u10avx2(__m256d);
+__m256d Sleef_logd4_u10avx2(__m256d);
+__m256d Sleef_tanhd4_u10avx2(__m256d);
+}
+
+namespace {
+
+// A loop over full vectors, then the tail through a zero-padded vector.
+#define LAZYDAG_VLOOP(NAME, T, W, VEC, LOAD, STORE, FN, TARGET)          \
+  TARGET void NAME(const T* x, T* y, std::int64_t n) {                  \
+    std::int64_t i = 0;                                                 \
+    for (; i + (W) <= n; i += (W)) STORE(y + i, FN(LOAD(x + i)));       \
+    if (i < n) {                                                        \
+      alignas(64) T buf[W] = {};                                        \
+      std::memcpy(buf, x + i, static_cast<std::size_t>(n - i) * sizeof(T)); \
+      STORE(buf, FN(LOAD(buf)));                                        \
+      std::memcpy(y + i, buf, static_cast<std::size_t>(n - i) * sizeof(T)); \
+    }                                                                   \
+  }
+
+#define LAZYDAG_AVX512 __attribute__((target("avx512f")))
+#define LAZYDAG_AVX2 __attribute__((target("avx2,fma")))
+#define LAZYDAG_SSE2
+
+LAZYDAG_VLOOP(exp_f_512, float, 16, __m512, _mm512_loadu_ps, _mm512_storeu_ps, Sleef_expf16_u10avx512f, LAZYDAG_AVX512)
+LAZYDAG_VLOOP(log_f_512, float, 16, __m512, _mm512_loadu_ps, _mm512_storeu_ps, Sleef_logf16_u10avx512f, LAZYDAG_AVX512)
+LAZYDAG_VLOOP(tanh_f_512, float, 16, __m512, _mm512_loadu_ps, _mm512_storeu_ps, Sleef_tanhf16_u10avx512f, LAZYDAG_AVX512)
+LAZYDAG_VLOOP(exp_d_512, double, 8, __m512d, _mm512_loadu_pd, _mm512_storeu_pd, Sleef_expd8_u10avx512f, LAZYDAG_AVX512)
+LAZYDAG_VLOOP(log_d_512, double, 8, __m512d, _mm512_loadu_pd, _mm512_storeu_pd, Sleef_logd8_u10avx512f, LAZYDAG_AVX512)
+LAZYDAG_VLOOP(tanh_d_512, double, 8, __m512d, _mm512_loadu_pd, _mm512_storeu_pd, Sleef_tanhd8_u10avx512f, LAZYDAG_AVX512)
+
+LAZYDAG_VLOOP(exp_f_256, float, 8, __m256, _mm256_loadu_ps, _mm256_storeu_ps, Sleef_expf8_u10avx2, LAZYDAG_AVX2)
+LAZYDAG_VLOOP(log_f_256, float, 8, __m256, _mm256_loadu_ps, _mm256_storeu_ps, Sleef_logf8_u10avx2, LAZYDAG_AVX2)
+LAZYDAG_VLOOP(tanh_f_256, float, 8, __m256, _mm256_loadu_ps, _mm256_storeu_ps, Sleef_tanhf8_u10avx2, LAZYDAG_AVX2)
+LAZYDAG_VLOOP(exp_d_256, double, 4, __m256d, _mm256_loadu_pd, _mm256_storeu_pd, Sleef_expd4_u10avx2, LAZYDAG_AVX2)
+LAZYDAG_VLOOP(log_d_256, double, 4, __m256d, _mm256_loadu_pd, _mm256_storeu_pd, Sleef_logd4_u10avx2, LAZYDAG_AVX2)
+LAZYDAG_VLOOP(tanh_d_256, double, 4, __m256d, _mm256_loadu_pd, _mm256_storeu_pd, Sleef_tanhd4_u10avx2, LAZYDAG_AVX2)
+
+LAZYDAG_VLOOP(exp_f_128, float, 4, __m128, _mm_loadu_ps, _mm_storeu_ps, Sleef_expf4_u10sse2, LAZYDAG_SSE2)
+LAZYDAG_VLOOP(log_f_128, float, 4, __m128, _mm_loadu_ps, _mm_storeu_ps, Sleef_logf4_u10sse2, LAZYDAG_SSE2)
+LAZYDAG_VLOOP(tanh_f_128, float, 4, __m128, _mm_loadu_ps, _mm_storeu_ps, Sleef_tanhf4_u10sse2, LAZYDAG_SSE2)
+LAZYDAG_VLOOP(exp_d_128, double, 2, __m128d, _mm_loadu_pd, _mm_storeu_pd, Sleef_expd2_u10sse2, LAZYDAG_SSE2)
+LAZYDAG_VLOOP(log_d_128, double, 2, __m128d, _mm_loadu_pd, _mm_storeu_pd, Sleef_logd2_u10sse2, LAZYDAG_SSE2)
+LAZYDAG_VLOOP(tanh_d_128, double, 2, __m128d, _mm_loadu_pd, _mm_storeu_pd, Sleef_tanhd2_u10sse2, LAZYDAG_SSE2)
+
+#undef LAZYDAG_VLOOP
+#undef LAZYDAG_AVX512
+#undef LAZYDAG_AVX2
+#undef LAZYDAG_SSE2
+
+using FloatLoop = void (*)(const float*, float*, std::int64_t);
+using DoubleLoop = void (*)(const double*, double*, std::int64_t);
+
+struct Table {
+  const char* isa;
+  FloatLoop f[3];
+  DoubleLoop d[3];
+};
+
+const Table& table() {
+  static const Table t = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) {
+      return Table{"avx512f", {exp_f_512, log_f_512, tanh_f_512}, {exp_d_512, log_d_512, tanh_d_512}};
+    }
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+      return Table{"avx2", {exp_f_256, log_f_256, tanh_f_256}, {exp_d_256, log_d_256, tanh_d_256}};
+    }
+    return Table{"sse2", {exp_f_128, log_f_128, tanh_f_128}, {exp_d_128, log_d_128, tanh_d_128}};
+  }();
+  return t;
+}
+
+}  // namespace
+
+void apply(Fn f, const float* x, float* y, std::int64_t n) { table().f[static_cast<int>(f)](x, y, n); }
+void apply(Fn f, const double* x, double* y, std::int64_t n) { table().d[static_cast<int>(f)](x, y, n); }
+const char* isa() noexcept { return table().isa; }
+
+#else  // scalar SLEEF elsewhere
+
+}  // namespace
+
+void apply(Fn f, const float* x, float* y, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    y[i] = f == Fn::kExp ? Sleef_expf_u10(x[i]) : f == Fn::kLog ? Sleef_logf_u10(x[i]) : Sleef_tanhf_u10(x[i]);
+  }
+}
+void apply(Fn f, const double* x, double* y, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    y[i] = f == Fn::kExp ? Sleef_exp_u10(x[i]) : f == Fn::kLog ? Sleef_log_u10(x[i]) : Sleef_tanh_u10(x[i]);
+  }
+}
+const char* isa() noexcept { return "scalar"; }
+
+#endif
+
+}  // namespace lazydag::ops::cpu::vmath

@@ -1,0 +1,21 @@
+// Vectorised transcendental math for the CPU kernels, from SLEEF: exp, log
+// and tanh of float32 and float64 runs, dispatched at run time to the
+// widest instruction set the machine has (AVX-512F, AVX2 + FMA, SSE2).
+#pragma once
+
+#include <cstdint>
+
+namespace lazydag::ops::cpu::vmath {
+
+enum class Fn : std::uint8_t { kExp, kLog, kTanh };
+
+/// y[i] = f(x[i]) for i < n (y may be x). SLEEF's 1.0-ULP functions: every
+/// element goes through the same vector routine (a short tail is padded),
+/// so a value never depends on how the array was split across workers.
+void apply(Fn f, const float* x, float* y, std::int64_t n);
+void apply(Fn f, const double* x, double* y, std::int64_t n);
+
+/// "avx512f", "avx2" or "sse2": the routines apply() uses on this machine.
+const char* isa() noexcept;
+
+}  // namespace lazydag::ops::cpu::vmath

@@ -1,0 +1,323 @@
+// The Python module `lazydag`: NDArray and its operators, devices, waits and
+// engine statistics, with NumPy interop (asnumpy, __array__, nd.array of a
+// NumPy array). The GIL is released around every blocking call (waits,
+// item, asnumpy, printing); running nodes never need it (they run C++
+// kernels), so a Python thread blocked in a wait never stops the engine.
+#include <lazydag/lazydag.hpp>
+
+#include "config.hpp"
+
+#include <pybind11/numpy.h>
+#include <pybind11/operators.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+using namespace lazydag;
+
+namespace {
+
+// NumPy dtype (or its name, or a Python type) -> DType.
+DType to_dtype(const py::object& o) {
+  const std::string name = py::str(py::module_::import("numpy").attr("dtype")(o).attr("name"));
+  if (name == "float32") return DType::kFloat32;
+  if (name == "float64") return DType::kFloat64;
+  if (name == "int32") return DType::kInt32;
+  if (name == "int64") return DType::kInt64;
+  if (name == "bool") return DType::kBool;
+  throw InvalidArgument("dtype " + name + " is not supported (float32, float64, int32, int64, bool)");
+}
+
+DType dtype_or(const py::object& o, DType fallback) { return o.is_none() ? fallback : to_dtype(o); }
+Device device_or(const py::object& o) { return o.is_none() ? default_device() : o.cast<Device>(); }
+
+Shape to_shape(const py::object& o) {
+  if (py::isinstance<py::int_>(o)) return Shape{o.cast<std::int64_t>()};
+  return o.cast<Shape>();
+}
+
+py::tuple shape_tuple(const Shape& s) {
+  py::tuple t(s.size());
+  for (std::size_t i = 0; i < s.size(); ++i) t[i] = s[i];
+  return t;
+}
+
+// A NumPy array holding a copy of `a` (blocks: a wait to read, GIL released).
+py::array asnumpy(const NDArray& a) {
+  const Shape shape = a.shape();
+  auto fill = [&]<class T>(py::array_t<T> out) {
+    std::vector<T> v;
+    {
+      py::gil_scoped_release nogil;
+      v = a.to_vector<T>();
+    }
+    if (!v.empty()) std::memcpy(out.mutable_data(), v.data(), v.size() * sizeof(T));
+    return py::array(out);
+  };
+  switch (a.dtype()) {
+    case DType::kFloat32: return fill(py::array_t<float>(shape));
+    case DType::kFloat64: return fill(py::array_t<double>(shape));
+    case DType::kInt32: return fill(py::array_t<std::int32_t>(shape));
+    case DType::kInt64: return fill(py::array_t<std::int64_t>(shape));
+    case DType::kBool: {
+      std::vector<bool> v;
+      {
+        py::gil_scoped_release nogil;
+        v = a.to_vector<bool>();
+      }
+      py::array_t<bool> out(shape);
+      bool* p = out.mutable_data();
+      for (std::size_t i = 0; i < v.size(); ++i) p[i] = v[i];
+      return out;
+    }
+  }
+  throw InvalidArgument("asnumpy: unknown dtype");
+}
+
+// nd.array: from a NumPy array (or anything numpy.asarray takes).
+NDArray from_numpy(const py::object& obj, const py::object& dtype, const py::object& device) {
+  py::module_ np = py::module_::import("numpy");
+  py::object arr = np.attr("asarray")(obj);
+  DType t = dtype.is_none() ? DType::kFloat32 : to_dtype(dtype);
+  if (dtype.is_none()) {
+    // keep what NumPy says, with float64 -> float64 and Python ints -> int64
+    const std::string kind = py::str(arr.attr("dtype").attr("kind"));
+    if (kind == "b") {
+      t = DType::kBool;
+    } else if (kind == "f") {
+      t = to_dtype(arr.attr("dtype"));
+    } else if (kind == "i" || kind == "u") {
+      t = py::int_(arr.attr("dtype").attr("itemsize")).cast<int>() <= 4 ? DType::kInt32 : DType::kInt64;
+    } else {
+      throw InvalidArgument("nd.array: cannot convert NumPy dtype " + std::string(py::str(arr.attr("dtype"))));
+    }
+  }
+  const std::string np_name(to_string(t) == "bool" ? "bool" : std::string(to_string(t)));
+  py::array c = np.attr("ascontiguousarray")(arr, np_name);
+  Shape shape(static_cast<std::size_t>(c.ndim()));
+  for (py::ssize_t i = 0; i < c.ndim(); ++i) shape[static_cast<std::size_t>(i)] = c.shape(i);
+  return detail::make_array(c.data(), static_cast<std::size_t>(c.size()), t, shape, device_or(device));
+}
+
+NDArray reduce(const NDArray& a, const py::object& axis, bool keepdims,
+               NDArray (NDArray::*all)() const, NDArray (NDArray::*along)(int, bool) const) {
+  if (axis.is_none()) {
+    NDArray r = (a.*all)();
+    return keepdims ? r.reshape(Shape(static_cast<std::size_t>(a.ndim()), 1)) : r;
+  }
+  return (a.*along)(axis.cast<int>(), keepdims);
+}
+
+std::string repr(const NDArray& a) {
+  std::ostringstream os;
+  {
+    py::gil_scoped_release nogil;
+    os << a;
+  }
+  return os.str();
+}
+
+}  // namespace
+
+PYBIND11_MODULE(lazydag, m) {
+  m.doc() = "lazydag: a lazy dataflow graph engine with a dependency scheduler, and NDArrays on it";
+  m.attr("__version__") = LAZYDAG_VERSION;
+
+  // Errors: lazydag.Error and its kinds, ValueError for bad input.
+  static py::exception<Error> error(m, "Error", PyExc_RuntimeError);
+  static py::exception<InvalidArgument> invalid(m, "InvalidArgument", PyExc_ValueError);
+  static py::exception<DeviceMismatch> mismatch(m, "DeviceMismatch", PyExc_ValueError);
+  static py::exception<OpError> op_error(m, "OpError", error.ptr());
+  static py::exception<BackendUnavailable> unavailable(m, "BackendUnavailable", error.ptr());
+  static py::exception<WatchdogTimeout> watchdog(m, "WatchdogTimeout", error.ptr());
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const DeviceMismatch& e) {
+      mismatch(e.what());
+    } catch (const InvalidArgument& e) {
+      invalid(e.what());
+    } catch (const OpError& e) {
+      op_error(e.what());
+    } catch (const BackendUnavailable& e) {
+      unavailable(e.what());
+    } catch (const WatchdogTimeout& e) {
+      watchdog(e.what());
+    } catch (const Error& e) {
+      error(e.what());
+    }
+  });
+
+  py::class_<Device>(m, "Device")
+      .def_property_readonly("id", [](const Device& d) { return d.id; })
+      .def_property_readonly("kind", [](const Device& d) { return d.str().substr(0, 3); })
+      .def("__repr__", &Device::str)
+      .def("__str__", &Device::str)
+      .def("__eq__", [](const Device& a, const Device& b) { return a == b; })
+      .def("__hash__", [](const Device& d) { return std::hash<std::string>()(d.str()); });
+  m.def("cpu", &cpu, py::arg("id") = 0);
+  m.def("sim", &sim, py::arg("id") = 0, "the emulated stream device (a GPU's streams and events on the host)");
+  m.def("gpu", &gpu, py::arg("id") = 0);
+  m.def("default_device", &default_device);
+  m.def("set_default_device", &set_default_device);
+
+  py::class_<NDArray> arr(m, "NDArray");
+  arr.def_property_readonly("shape", [](const NDArray& a) { return shape_tuple(a.shape()); })
+      .def_property_readonly("dtype", [](const NDArray& a) { return py::module_::import("numpy").attr("dtype")(std::string(to_string(a.dtype()))); })
+      .def_property_readonly("device", &NDArray::device)
+      .def_property_readonly("ndim", &NDArray::ndim)
+      .def_property_readonly("size", &NDArray::size)
+      .def("__len__", [](const NDArray& a) {
+        if (a.ndim() == 0) throw py::type_error("len() of a 0-d array");
+        return a.shape()[0];
+      })
+      // blockers: the GIL is released while they wait
+      .def("wait_to_read", [](const NDArray& a) {
+        py::gil_scoped_release nogil;
+        a.wait_to_read();
+      })
+      .def("wait_to_write", [](const NDArray& a) {
+        py::gil_scoped_release nogil;
+        a.wait_to_write();
+      })
+      .def("item", [](const NDArray& a) -> py::object {
+        if (a.size() != 1) throw InvalidArgument("item: needs an array of exactly one element");
+        return asnumpy(a).attr("reshape")(py::tuple()).attr("item")();
+      })
+      .def("asnumpy", &asnumpy, "a NumPy copy (blocks until the array's writes are done)")
+      .def("__array__", [](const NDArray& a, const py::object& dtype) {
+        py::array r = asnumpy(a);
+        return dtype.is_none() ? r : py::array(r.attr("astype")(dtype));
+      }, py::arg("dtype") = py::none())
+      .def("tolist", [](const NDArray& a) { return asnumpy(a).attr("tolist")(); })
+      .def("__repr__", &repr)
+      .def("__float__", [](const NDArray& a) { return py::float_(asnumpy(a).attr("reshape")(py::tuple()).attr("item")()); })
+      // copies and devices
+      .def("copy", &NDArray::copy)
+      .def("astype", [](const NDArray& a, const py::object& t) { return a.astype(to_dtype(t)); })
+      .def("copyto", &NDArray::copyto)
+      .def("as_in_device", &NDArray::as_in_device)
+      // shapes
+      .def("reshape", [](const NDArray& a, py::args shape) {
+        if (shape.size() == 1 && !py::isinstance<py::int_>(shape[0])) return a.reshape(to_shape(shape[0]));
+        return a.reshape(shape.cast<Shape>());
+      })
+      .def("transpose", [](const NDArray& a, py::args axes) {
+        if (axes.size() == 0) {
+          std::vector<int> perm(static_cast<std::size_t>(a.ndim()));
+          for (int i = 0; i < a.ndim(); ++i) perm[static_cast<std::size_t>(i)] = a.ndim() - 1 - i;
+          return a.transpose(perm);
+        }
+        if (axes.size() == 1 && !py::isinstance<py::int_>(axes[0])) return a.transpose(axes[0].cast<std::vector<int>>());
+        return a.transpose(axes.cast<std::vector<int>>());
+      })
+      .def_property_readonly("T", [](const NDArray& a) {
+        std::vector<int> perm(static_cast<std::size_t>(a.ndim()));
+        for (int i = 0; i < a.ndim(); ++i) perm[static_cast<std::size_t>(i)] = a.ndim() - 1 - i;
+        return a.transpose(perm);
+      })
+      .def("slice", &NDArray::slice, py::arg("axis"), py::arg("start"), py::arg("stop"))
+      // reductions
+      .def("sum", [](const NDArray& a, const py::object& axis, bool keepdims) {
+        return reduce(a, axis, keepdims, &NDArray::sum, &NDArray::sum);
+      }, py::arg("axis") = py::none(), py::arg("keepdims") = false)
+      .def("mean", [](const NDArray& a, const py::object& axis, bool keepdims) {
+        return reduce(a, axis, keepdims, &NDArray::mean, &NDArray::mean);
+      }, py::arg("axis") = py::none(), py::arg("keepdims") = false)
+      .def("max", [](const NDArray& a, const py::object& axis, bool keepdims) {
+        return reduce(a, axis, keepdims, &NDArray::max, &NDArray::max);
+      }, py::arg("axis") = py::none(), py::arg("keepdims") = false)
+      .def("min", [](const NDArray& a, const py::object& axis, bool keepdims) {
+        return reduce(a, axis, keepdims, &NDArray::min, &NDArray::min);
+      }, py::arg("axis") = py::none(), py::arg("keepdims") = false)
+      .def("argmax", [](const NDArray& a, const py::object& axis, bool keepdims) {
+        return reduce(a, axis, keepdims, &NDArray::argmax, &NDArray::argmax);
+      }, py::arg("axis") = py::none(), py::arg("keepdims") = false)
+      .def("assign", [](NDArray& a, const NDArray& b) { return a.assign(b); })
+      // operators: arrays and Python numbers (a number takes the array's dtype)
+      .def(py::self + py::self).def(py::self - py::self).def(py::self * py::self).def(py::self / py::self)
+      .def(py::self + double()).def(py::self - double()).def(py::self * double()).def(py::self / double())
+      .def(double() + py::self).def(double() - py::self).def(double() * py::self).def(double() / py::self)
+      .def(-py::self)
+      .def(py::self += py::self).def(py::self -= py::self).def(py::self *= py::self).def(py::self /= py::self)
+      .def(py::self += double()).def(py::self -= double()).def(py::self *= double()).def(py::self /= double())
+      .def(py::self < py::self).def(py::self <= py::self).def(py::self > py::self).def(py::self >= py::self)
+      .def(py::self < double()).def(py::self <= double()).def(py::self > double()).def(py::self >= double())
+      .def("__eq__", [](const NDArray& a, const NDArray& b) { return a == b; }, py::is_operator())
+      .def("__ne__", [](const NDArray& a, const NDArray& b) { return a != b; }, py::is_operator())
+      .def("__eq__", [](const NDArray& a, double b) { return a == b; }, py::is_operator())
+      .def("__ne__", [](const NDArray& a, double b) { return a != b; }, py::is_operator())
+      .def("__matmul__", [](const NDArray& a, const NDArray& b) { return nd::matmul(a, b); }, py::is_operator())
+      .def("__pow__", [](const NDArray& a, double e) { return nd::pow(a, e); }, py::is_operator())
+      .def("__pow__", [](const NDArray& a, const NDArray& e) { return nd::pow(a, e); }, py::is_operator());
+  arr.attr("__hash__") = py::none();
+  arr.attr("__array_priority__") = 1000;  // NumPy defers to our operators
+
+  py::module_ ndm = m.def_submodule("nd", "array creation and math, as in mxnet.nd");
+  ndm.def("zeros", [](const py::object& s, const py::object& t, const py::object& d) {
+    return nd::zeros(to_shape(s), dtype_or(t, DType::kFloat32), device_or(d));
+  }, py::arg("shape"), py::arg("dtype") = py::none(), py::arg("device") = py::none());
+  ndm.def("ones", [](const py::object& s, const py::object& t, const py::object& d) {
+    return nd::ones(to_shape(s), dtype_or(t, DType::kFloat32), device_or(d));
+  }, py::arg("shape"), py::arg("dtype") = py::none(), py::arg("device") = py::none());
+  ndm.def("full", [](const py::object& s, double v, const py::object& t, const py::object& d) {
+    return nd::full(to_shape(s), v, dtype_or(t, DType::kFloat32), device_or(d));
+  }, py::arg("shape"), py::arg("value"), py::arg("dtype") = py::none(), py::arg("device") = py::none());
+  ndm.def("arange", [](double start, const py::object& stop, double step, const py::object& t, const py::object& d) {
+    const bool one = stop.is_none();
+    return nd::arange(one ? 0.0 : start, one ? start : stop.cast<double>(), step, dtype_or(t, DType::kFloat32),
+                      device_or(d));
+  }, py::arg("start"), py::arg("stop") = py::none(), py::arg("step") = 1.0, py::arg("dtype") = py::none(),
+     py::arg("device") = py::none());
+  ndm.def("array", &from_numpy, py::arg("data"), py::arg("dtype") = py::none(), py::arg("device") = py::none());
+  ndm.def("random_uniform", [](const py::object& s, std::uint64_t seed, double lo, double hi, const py::object& t,
+                               const py::object& d) {
+    return nd::random_uniform(to_shape(s), device_or(d), seed, lo, hi, dtype_or(t, DType::kFloat32));
+  }, py::arg("shape"), py::arg("seed") = 0, py::arg("low") = 0.0, py::arg("high") = 1.0,
+     py::arg("dtype") = py::none(), py::arg("device") = py::none());
+  ndm.def("random_normal", [](const py::object& s, std::uint64_t seed, double mean, double sd, const py::object& t,
+                              const py::object& d) {
+    return nd::random_normal(to_shape(s), device_or(d), seed, mean, sd, dtype_or(t, DType::kFloat32));
+  }, py::arg("shape"), py::arg("seed") = 0, py::arg("mean") = 0.0, py::arg("stddev") = 1.0,
+     py::arg("dtype") = py::none(), py::arg("device") = py::none());
+  for (auto [name, fn] : {std::pair{"exp", &nd::exp}, std::pair{"log", &nd::log}, std::pair{"sqrt", &nd::sqrt},
+                          std::pair{"tanh", &nd::tanh}, std::pair{"sigmoid", &nd::sigmoid},
+                          std::pair{"relu", &nd::relu}, std::pair{"abs", &nd::abs}, std::pair{"negative", &nd::neg}}) {
+    ndm.def(name, fn);
+  }
+  ndm.def("maximum", &nd::maximum);
+  ndm.def("minimum", &nd::minimum);
+  ndm.def("where", &nd::where);
+  ndm.def("matmul", &nd::matmul);
+  ndm.def("dot", &nd::dot);
+  ndm.def("concat", &nd::concat, py::arg("arrays"), py::arg("axis") = 0);
+  ndm.def("waitall", [] {
+    py::gil_scoped_release nogil;
+    nd::waitall();
+  }, "blocks until everything recorded is done (the GIL is released meanwhile)");
+  m.def("waitall", [] {
+    py::gil_scoped_release nogil;
+    nd::waitall();
+  });
+
+  m.def("engine_stats", [] {
+    const engine::EngineStats s = nd::engine().stats();
+    py::dict d;
+    d["nodes_recorded"] = s.nodes_recorded;
+    d["nodes_run"] = s.nodes_run;
+    d["nodes_failed"] = s.nodes_failed;
+    d["nodes_skipped"] = s.nodes_skipped;
+    d["unfinished"] = s.unfinished;
+    d["peak_unfinished"] = s.peak_unfinished;
+    d["blocking_waits"] = s.blocking_waits;
+    d["blocked_ns"] = s.blocked_ns;
+    return d;
+  }, "the process-wide engine's counters");
+  m.def("engine_policy", [] { return std::string(engine::to_string(nd::engine().policy())); });
+  m.def("num_threads", [] { return nd::engine().num_threads(); });
+}

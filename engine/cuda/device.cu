@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <string>
 #include <thread>
 #include <vector>
@@ -27,12 +28,21 @@ namespace lazydag::engine::detail {
 
 namespace {
 
-// Makes `id` the calling thread's current device for a scope.
+// Makes `id` the calling thread's current device for a scope. The throwing
+// form is for calls that report errors; the std::nothrow form is for the
+// places where a throw would terminate (destructors, the completer thread):
+// cudaGetDevice/cudaSetDevice can return an earlier asynchronous error, or
+// cudaErrorCudartUnloading at exit, and the calls after it then simply fail
+// on their own.
 class DeviceScope {
  public:
   explicit DeviceScope(int id) {
     LAZYDAG_CUDA_CHECK(cudaGetDevice(&previous_), "current device");
     if (previous_ != id) LAZYDAG_CUDA_CHECK(cudaSetDevice(id), "select device");
+  }
+  DeviceScope(int id, std::nothrow_t) noexcept {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = id;
+    if (previous_ != id) (void)cudaSetDevice(id);
   }
   ~DeviceScope() {
     int now = previous_;
@@ -159,7 +169,7 @@ CudaDevice::CudaDevice(int id, int compute_streams) : id_(id), compute_(compute_
 
 CudaDevice::~CudaDevice() {
   {
-    DeviceScope scope(id_);
+    DeviceScope scope(id_, std::nothrow);
     for (cudaStream_t s : streams_) (void)cudaStreamSynchronize(s);
   }
   {
@@ -168,7 +178,7 @@ CudaDevice::~CudaDevice() {
   }
   done_cv_.notify_all();
   completer_.join();
-  DeviceScope scope(id_);
+  DeviceScope scope(id_, std::nothrow);
   for (auto& [size, b] : host_free_) {
     (void)cudaFreeHost(b.p);
     (void)cudaEventDestroy(b.ready);
@@ -355,7 +365,7 @@ void CudaDevice::completer() {
       lk.unlock();
       cudaError_t sticky = cudaSuccess;
       {
-        DeviceScope scope(id_);
+        DeviceScope scope(id_, std::nothrow);
         for (cudaStream_t s : streams_) {
           cudaError_t q = cudaStreamQuery(s);
           if (q != cudaSuccess && q != cudaErrorNotReady) sticky = q;

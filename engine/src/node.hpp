@@ -129,9 +129,12 @@ struct Node {
   NodeTask task;
 };
 
-// A launch edge: both ends run in stream order.
+// A launch edge: both ends run in stream order on devices of one backend,
+// so the consumer's stream can wait for the producer's event. An edge
+// between a sim and a gpu node is a completion edge: one backend's event
+// means nothing to the other's streams.
 inline bool launch_edge(const Node* pred, const Node* succ) {
-  return pred->sdev != nullptr && succ->sdev != nullptr;
+  return pred->sdev != nullptr && succ->sdev != nullptr && pred->device.kind == succ->device.kind;
 }
 
 }  // namespace lazydag::engine::detail

@@ -82,7 +82,7 @@ bool EngineImpl::claim_stream(Node* n) {
   // n's own predecessor list changes only at n's completion, so it is read
   // without n's lock. A producer seen kLaunched has published its event.
   for (const Node* p : n->preds) {
-    if (p->sdev != nullptr && (p->sdev != n->sdev || p->stream != n->stream) &&
+    if (launch_edge(p, n) && (p->sdev != n->sdev || p->stream != n->stream) &&
         p->state.load(std::memory_order_acquire) == NodeState::kLaunched && p->has_event) {
       n->waits.push_back(p->event);
     }

@@ -331,7 +331,7 @@ void arange(const TensorView& out, double start, double step) {
   dispatch(out.dtype, [&]<class T>() {
     T* y = typed<T>(out) + out.offset;
     detail::parallel_range(numel(out.shape), [&](std::int64_t i0, std::int64_t i1) {
-      for (std::int64_t i = i0; i < i1; ++i) y[i] = from_double<T>(start + static_cast<double>(i) * step);
+      for (std::int64_t i = i0; i < i1; ++i) y[i] = from_double<T>(ops::detail::arange_value(start, step, i));
     });
   });
 }

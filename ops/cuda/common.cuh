@@ -61,8 +61,16 @@ inline int blocks_for(std::int64_t n, int threads = 256) {
 
 inline cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 
+/// Clears the thread's last runtime error before a launch: cudaGetLastError
+/// after the launch must report that launch, not an earlier call's error
+/// that was already handled (an out-of-memory of cudaMallocAsync, say). A
+/// sticky error (a fault of the context) is not cleared by this and is
+/// still reported.
+inline void clear_last_error() { (void)cudaGetLastError(); }
+
 /// Checks the launch just made (configuration errors are reported at once;
-/// faults during execution are reported by the device's completion).
+/// faults during execution are reported by the device's completion). Call
+/// clear_last_error() right before the launch.
 inline void check_launch(const char* kernel) {
   LAZYDAG_CUDA_CHECK(cudaGetLastError(), kernel);
 }

@@ -34,6 +34,7 @@ void launch_map(void* stream, const TensorView* const (&views)[N], const Shape& 
   const std::int64_t n = numel(shape);
   if (n == 0) return;
   const Indexer<N> ix = make_indexer<N>(views, shape);
+  detail::clear_last_error();
   map_kernel<N, F><<<blocks_for(n), 256, 0, detail::as_stream(stream)>>>(ix, n, f);
   check_launch(name);
 }
@@ -178,7 +179,7 @@ struct ArangeF {
   double start;
   double step;
   __device__ void operator()(std::int64_t i, const std::int64_t (&o)[1]) const {
-    y[o[0]] = convert_value<T>(start + static_cast<double>(i) * step);
+    y[o[0]] = convert_value<T>(ops::detail::arange_value(start, step, i));
   }
 };
 

@@ -26,12 +26,19 @@ cublasHandle_t handle_for(cudaStream_t stream) {
   thread_local std::map<std::pair<int, cudaStream_t>, cublasHandle_t> handles;
   int device = 0;
   LAZYDAG_CUDA_CHECK(cudaGetDevice(&device), "matmul");
-  auto [it, fresh] = handles.try_emplace({device, stream}, nullptr);
-  if (fresh) {
-    check_cublas(cublasCreate(&it->second), "cublasCreate");
-    check_cublas(cublasSetStream(it->second, stream), "cublasSetStream");
+  auto it = handles.find({device, stream});
+  if (it != handles.end()) return it->second;
+  // Cached only once it is bound to the stream: a failed create or set
+  // leaves no null handle, and no handle on the legacy stream, behind.
+  cublasHandle_t h = nullptr;
+  check_cublas(cublasCreate(&h), "cublasCreate");
+  const cublasStatus_t st = cublasSetStream(h, stream);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    (void)cublasDestroy(h);
+    check_cublas(st, "cublasSetStream");
   }
-  return it->second;
+  handles.emplace(std::pair{device, stream}, h);
+  return h;
 }
 
 }  // namespace
@@ -49,6 +56,7 @@ void matmul(void* stream, const TensorView& a, const TensorView& b, const Tensor
     return;
   }
   cublasHandle_t h = handle_for(s);
+  // matmul_shape refuses dims above INT_MAX at record time (the BLAS limit).
   const int M = static_cast<int>(m);
   const int N = static_cast<int>(n);
   const int K = static_cast<int>(k);

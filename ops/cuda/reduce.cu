@@ -135,6 +135,7 @@ void reduce(void* stream, ReduceOp op, const TensorView& a, bool all, int axis, 
         O* y = static_cast<O*>(out.data) + out.offset;
         if (outer * inner == 0) return;
         if (outer * inner > 1 || len == 0) {
+          detail::clear_last_error();
           lanes_kernel<T, O><<<detail::blocks_for(outer * inner), 256, 0, s>>>(op, x, y, outer, len, inner);
           detail::check_launch("reduce kernel");
           return;
@@ -152,6 +153,7 @@ void reduce(void* stream, ReduceOp op, const TensorView& a, bool all, int axis, 
         total = reinterpret_cast<Item<T>*>(scratch);
         cudaError_t e = cub::DeviceReduce::Reduce(scratch + header, temp_bytes, in, total, len, Combine<T>{op}, init, s);
         if (e == cudaSuccess) {
+          detail::clear_last_error();
           finish_kernel<T, O><<<1, 1, 0, s>>>(op, total, y, len);
           e = cudaGetLastError();
         }

@@ -73,6 +73,30 @@ LAZYDAG_HD D convert_value(S v) {
   }
 }
 
+// a * b and a + b each rounded once. nvcc contracts a * b + c into one FMA
+// by default (--fmad=true), which rounds once where the CPU rounds twice:
+// the device code of the shared formulas spells the two roundings out, so
+// that both devices compute the same bits.
+LAZYDAG_HD inline double mul_rn(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+LAZYDAG_HD inline double add_rn(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+// Element i of arange(start, step): start + i * step, rounded twice.
+LAZYDAG_HD inline double arange_value(double start, double step, std::int64_t i) {
+  return add_rn(start, mul_rn(static_cast<double>(i), step));
+}
+
 // splitmix64 of (seed, counter): a counter-based generator, so element i of
 // a random array depends only on the seed and i, on every device.
 LAZYDAG_HD inline std::uint64_t mix64(std::uint64_t seed, std::uint64_t counter) {
@@ -89,7 +113,7 @@ LAZYDAG_HD inline double unit(std::uint64_t seed, std::uint64_t counter) {
 
 // Element i of random_uniform(low, high): exact on every device.
 LAZYDAG_HD inline double uniform_value(std::uint64_t seed, std::int64_t i, double low, double high) {
-  return low + (high - low) * unit(seed, static_cast<std::uint64_t>(i));
+  return add_rn(low, mul_rn(high - low, unit(seed, static_cast<std::uint64_t>(i))));
 }
 
 // Element i of random_normal(mean, stddev): Box-Muller on two counters per
@@ -100,7 +124,7 @@ LAZYDAG_HD inline double normal_value(std::uint64_t seed, std::int64_t i, double
   const auto c = static_cast<std::uint64_t>(i) * 2;
   const double u1 = 1.0 - unit(seed, c);
   const double u2 = unit(seed, c + 1);
-  return mean + stddev * ::sqrt(-2.0 * ::log(u1)) * ::cos(kTwoPi * u2);
+  return add_rn(mean, mul_rn(mul_rn(stddev, ::sqrt(-2.0 * ::log(u1))), ::cos(kTwoPi * u2)));
 }
 
 }  // namespace lazydag::ops::detail

@@ -4,6 +4,7 @@
 #include <lazydag/ops/shape.hpp>
 
 #include <algorithm>
+#include <limits>
 
 namespace lazydag {
 
@@ -160,6 +161,12 @@ Shape matmul_shape(std::span<const std::int64_t> a, std::span<const std::int64_t
   const std::size_t r = a.size();
   if (a[r - 1] != b[r - 2]) throw fail("inner dimensions differ");
   if (r == 3 && a[0] != b[0]) throw fail("batch dimensions differ");
+  // BLAS (OpenBLAS's and cuBLAS's 32-bit interfaces) takes int dimensions.
+  for (std::int64_t d : {a[0], a[r - 1], b[r - 1], r == 3 ? a[1] : 0}) {
+    if (d > std::numeric_limits<std::int32_t>::max()) {
+      throw fail("a dimension of " + std::to_string(d) + " exceeds the BLAS limit of 2147483647");
+    }
+  }
   Shape out(a.begin(), a.end());
   out[r - 1] = b[r - 1];
   return out;

@@ -81,6 +81,12 @@ TEST_SUITE("gpu") {
     // the counter-based generator gives the CPU's numbers
     CHECK(nd::random_uniform({4096}, gpu(0), 99).to_vector<float>() ==
           nd::random_uniform({4096}, cpu(), 99).to_vector<float>());
+    // bit for bit also where a fused multiply-add would round differently
+    // (non-trivial bounds, float64, and arange's start + i * step)
+    CHECK(nd::random_uniform({100000}, gpu(0), 7, -2, 3, DType::kFloat64).to_vector<double>() ==
+          nd::random_uniform({100000}, cpu(), 7, -2, 3, DType::kFloat64).to_vector<double>());
+    CHECK(nd::arange(1, 10001, 0.1, DType::kFloat64, gpu(0)).to_vector<double>() ==
+          nd::arange(1, 10001, 0.1, DType::kFloat64, cpu()).to_vector<double>());
     check_close(nd::random_normal({4096}, gpu(0), 5, 0, 1, DType::kFloat64).to_vector<double>(),
                 nd::random_normal({4096}, cpu(), 5, 0, 1, DType::kFloat64).to_vector<double>(), 1e-12, 1e-12);
     // integer arithmetic wraps as on the CPU

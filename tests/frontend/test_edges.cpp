@@ -101,10 +101,19 @@ TEST_SUITE("ndarray") {
     refused([&] { (void)nd::concat({half, half, half}, 1); }, "exceeds the maximum");
     NDArray quarter = nd::zeros({0, std::int64_t{1} << 58}, DType::kFloat32, dev);
     CHECK(nd::concat({quarter, quarter, quarter}, 1).shape() == Shape{0, std::int64_t{3} << 58});
-    // matmul: (2^40, 0) x (0, 2^40)
+    // matmul: (2^40, 0) x (0, 2^40), whose dims BLAS could not take either,
+    // and (2^30 x 2^30 of a batch of 2^4): each dim fits, the product does not
     NDArray tall = nd::zeros({kBig, 0}, DType::kFloat32, dev);
     NDArray flat = nd::zeros({0, kBig}, DType::kFloat32, dev);
-    refused([&] { (void)nd::matmul(tall, flat); }, "too many elements");
+    refused([&] { (void)nd::matmul(tall, flat); }, "exceeds the BLAS limit");
+    const std::int64_t g = std::int64_t{1} << 30;
+    NDArray bt = nd::zeros({16, g, 0}, DType::kFloat32, dev);
+    NDArray bf = nd::zeros({16, 0, g}, DType::kFloat32, dev);
+    refused([&] { (void)nd::matmul(bt, bf); }, "too many elements");
+    // BLAS takes int dimensions: larger ones are refused, not truncated
+    NDArray wide_a = nd::zeros({std::int64_t{1} << 31, 0}, DType::kFloat32, dev);
+    NDArray none = nd::zeros({0, 0}, DType::kFloat32, dev);
+    refused([&] { (void)nd::matmul(wide_a, none); }, "exceeds the BLAS limit");
     // views of huge zero-size arrays keep their shapes exactly
     CHECK(wide.transpose().shape() == Shape{kMaxElements, 0});
     CHECK(wide.slice(1, 5, 10).shape() == Shape{0, 5});

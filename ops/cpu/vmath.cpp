@@ -20,19 +20,23 @@ namespace {
 // file is compiled for those targets; this one is built for the baseline
 // and calls them from functions compiled for their target, so it declares
 // the ones it uses (signatures as in sleef.h 3.5).
+// The attributes tell the compiler these take their vectors in the
+// registers of that target (clang refuses the call otherwise).
+#define LAZYDAG_AVX512 __attribute__((target("avx512f")))
+#define LAZYDAG_AVX2 __attribute__((target("avx2,fma")))
 extern "C" {
-__m512 Sleef_expf16_u10avx512f(__m512);
-__m512 Sleef_logf16_u10avx512f(__m512);
-__m512 Sleef_tanhf16_u10avx512f(__m512);
-__m512d Sleef_expd8_u10avx512f(__m512d);
-__m512d Sleef_logd8_u10avx512f(__m512d);
-__m512d Sleef_tanhd8_u10avx512f(__m512d);
-__m256 Sleef_expf8_u10avx2(__m256);
-__m256 Sleef_logf8_u10avx2(__m256);
-__m256 Sleef_tanhf8_u10avx2(__m256);
-__m256d Sleef_expd4_u10avx2(__m256d);
-__m256d Sleef_logd4_u10avx2(__m256d);
-__m256d Sleef_tanhd4_u10avx2(__m256d);
+LAZYDAG_AVX512 __m512 Sleef_expf16_u10avx512f(__m512);
+LAZYDAG_AVX512 __m512 Sleef_logf16_u10avx512f(__m512);
+LAZYDAG_AVX512 __m512 Sleef_tanhf16_u10avx512f(__m512);
+LAZYDAG_AVX512 __m512d Sleef_expd8_u10avx512f(__m512d);
+LAZYDAG_AVX512 __m512d Sleef_logd8_u10avx512f(__m512d);
+LAZYDAG_AVX512 __m512d Sleef_tanhd8_u10avx512f(__m512d);
+LAZYDAG_AVX2 __m256 Sleef_expf8_u10avx2(__m256);
+LAZYDAG_AVX2 __m256 Sleef_logf8_u10avx2(__m256);
+LAZYDAG_AVX2 __m256 Sleef_tanhf8_u10avx2(__m256);
+LAZYDAG_AVX2 __m256d Sleef_expd4_u10avx2(__m256d);
+LAZYDAG_AVX2 __m256d Sleef_logd4_u10avx2(__m256d);
+LAZYDAG_AVX2 __m256d Sleef_tanhd4_u10avx2(__m256d);
 }
 
 namespace {
@@ -50,8 +54,6 @@ namespace {
     }                                                                   \
   }
 
-#define LAZYDAG_AVX512 __attribute__((target("avx512f")))
-#define LAZYDAG_AVX2 __attribute__((target("avx2,fma")))
 #define LAZYDAG_SSE2
 
 LAZYDAG_VLOOP(exp_f_512, float, 16, __m512, _mm512_loadu_ps, _mm512_storeu_ps, Sleef_expf16_u10avx512f, LAZYDAG_AVX512)

@@ -97,8 +97,7 @@ NDArray from_numpy(const py::object& obj, const py::object& dtype, const py::obj
       throw InvalidArgument("nd.array: cannot convert NumPy dtype " + std::string(py::str(arr.attr("dtype"))));
     }
   }
-  const std::string np_name(to_string(t) == "bool" ? "bool" : std::string(to_string(t)));
-  py::array c = np.attr("ascontiguousarray")(arr, np_name);
+  py::array c = np.attr("ascontiguousarray")(arr, std::string(to_string(t)));
   Shape shape(static_cast<std::size_t>(c.ndim()));
   for (py::ssize_t i = 0; i < c.ndim(); ++i) shape[static_cast<std::size_t>(i)] = c.shape(i);
   return detail::make_array(c.data(), static_cast<std::size_t>(c.size()), t, shape, device_or(device));

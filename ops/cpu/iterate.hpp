@@ -1,6 +1,6 @@
-// Strided, broadcasting iteration for the CPU kernels: visits every element
-// of an output shape in row-major order with the matching element offsets of
-// N operands, in parallel (oneTBB) over rows when the array is large.
+// Strided, broadcasting iteration for the CPU kernels: visits an output
+// shape in runs of consecutive elements with the matching offsets and steps
+// of N operands, in parallel (oneTBB) when the array is large.
 #pragma once
 
 #include <oneapi/tbb/blocked_range.h>
@@ -52,45 +52,6 @@ inline Strides broadcast_strides(const TensorView& v, const Shape& out) {
 template <class T>
 T* typed(const TensorView& v) {
   return static_cast<T*>(v.data);
-}
-
-/// Calls f(std::array<int64_t, N> offsets) for every element of `shape`;
-/// offsets[k] = base[k] + sum(index[d] * strides[k][d]).
-template <std::size_t N, class F>
-void for_each(const Shape& shape, const std::array<Strides, N>& strides,
-              const std::array<std::int64_t, N>& base, F&& f) {
-  const int rank = static_cast<int>(shape.size());
-  const std::int64_t total = numel(shape);
-  if (total == 0) return;
-  if (rank == 0) {
-    f(base);
-    return;
-  }
-  const std::int64_t inner = shape[rank - 1];
-  const std::int64_t rows = total / inner;
-  std::array<std::int64_t, N> step{};
-  for (std::size_t k = 0; k < N; ++k) step[k] = strides[k][rank - 1];
-  auto run = [&](std::int64_t r0, std::int64_t r1) {
-    for (std::int64_t r = r0; r < r1; ++r) {
-      std::array<std::int64_t, N> off = base;
-      std::int64_t rem = r;
-      for (int d = rank - 2; d >= 0; --d) {
-        const std::int64_t idx = rem % shape[d];
-        rem /= shape[d];
-        for (std::size_t k = 0; k < N; ++k) off[k] += idx * strides[k][d];
-      }
-      for (std::int64_t j = 0; j < inner; ++j) {
-        f(off);
-        for (std::size_t k = 0; k < N; ++k) off[k] += step[k];
-      }
-    }
-  };
-  if (total < kParallelElements || rows == 1) {
-    run(0, rows);
-    return;
-  }
-  const std::int64_t grain = std::max<std::int64_t>(1, kParallelElements / inner);
-  parallel_chunks(0, rows, grain, run);
 }
 
 /// The loop nest of an elementwise kernel: `shape` with its size-1 dims
@@ -181,15 +142,6 @@ void for_each_row(const Shape& shape, const std::array<Strides, N>& strides,
     return;
   }
   parallel_chunks(0, total, kParallelElements, run);
-}
-
-/// True when every view is contiguous and has exactly `shape`.
-template <class... V>
-bool all_dense(const Shape& shape, const V&... views) {
-  auto dense = [&](const TensorView& v) {
-    return v.shape == shape && v.strides == contiguous_strides(v.shape);
-  };
-  return (dense(views) && ...);
 }
 
 /// Calls f(i0, i1) over [0, n) in parallel chunks when n is large.

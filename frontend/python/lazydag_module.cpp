@@ -289,8 +289,12 @@ PYBIND11_MODULE(lazydag, m) {
                           std::pair{"relu", &nd::relu}, std::pair{"abs", &nd::abs}, std::pair{"negative", &nd::neg}}) {
     ndm.def(name, fn);
   }
-  ndm.def("maximum", &nd::maximum);
-  ndm.def("minimum", &nd::minimum);
+  using Binary = NDArray (*)(const NDArray&, const NDArray&);
+  using WithScalar = NDArray (*)(const NDArray&, double);
+  ndm.def("maximum", static_cast<Binary>(&nd::maximum));
+  ndm.def("maximum", static_cast<WithScalar>(&nd::maximum));
+  ndm.def("minimum", static_cast<Binary>(&nd::minimum));
+  ndm.def("minimum", static_cast<WithScalar>(&nd::minimum));
   ndm.def("where", &nd::where);
   ndm.def("matmul", &nd::matmul);
   ndm.def("dot", &nd::dot);

@@ -5,7 +5,9 @@
 #include <lazydag/engine/stream.hpp>
 #include <lazydag/ops/kernels.hpp>
 
+#include "autograd_internal.hpp"
 #include "host_pool.hpp"
+#include "internal.hpp"
 
 #include <array>
 #include <atomic>
@@ -104,6 +106,9 @@ struct Storage {
   Device device;
   void* data = nullptr;  // stream devices: set by the first writer, in stream order
   std::size_t bytes;
+  // In-place writes recorded so far (autograd refuses a backward that would
+  // read a saved array written since it was saved).
+  std::atomic<std::uint64_t> version{0};
 
   // The var is owned: deleting it through the engine is refused (it would
   // leave this storage unable to order its own free).
@@ -152,21 +157,9 @@ struct Storage {
   Storage& operator=(const Storage&) = delete;
 };
 
-using StatePtr = std::shared_ptr<const ArrayState>;
-
-struct Access {
-  static const StatePtr& state(const NDArray& a, const char* op) {
-    if (!a.state_) {
-      throw InvalidArgument(std::string(op) + ": use of an empty or moved-from NDArray");
-    }
-    return a.state_;
-  }
-  static NDArray wrap(StatePtr s) {
-    NDArray a;
-    a.state_ = std::move(s);
-    return a;
-  }
-};
+std::uint64_t storage_version(const ArrayState& s) noexcept {
+  return s.storage->version.load(std::memory_order_relaxed);
+}
 
 }  // namespace detail
 
@@ -176,6 +169,7 @@ using detail::Access;
 using detail::ArrayState;
 using detail::StatePtr;
 using detail::Storage;
+namespace grad = detail::grad;
 
 ops::TensorView view(const ArrayState& s) {
   return ops::TensorView{s.storage->data, s.dtype, s.shape, s.strides, s.offset};
@@ -332,7 +326,9 @@ NDArray unary_op(ops::UnaryOp op, const NDArray& x) {
   record(name, {a}, out, [op](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o) {
     ops::unary(ctx, op, view(*in[0]), view(o));
   });
-  return Access::wrap(out);
+  NDArray r = Access::wrap(out);
+  grad::unary(op, x, r);
+  return r;
 }
 
 void check_binary(ops::BinaryOp op, const ArrayState& a, const char* name) {
@@ -351,7 +347,9 @@ NDArray binary_op(ops::BinaryOp op, const NDArray& x, const NDArray& y) {
   record(name, {a, b}, out, [op](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o) {
     ops::binary(ctx, op, view(*in[0]), view(*in[1]), view(o));
   });
-  return Access::wrap(out);
+  NDArray r = Access::wrap(out);
+  grad::binary(op, x, y, r);
+  return r;
 }
 
 // The scalar takes the array's dtype: an integer division by a scalar that
@@ -376,7 +374,9 @@ NDArray scalar_op(ops::BinaryOp op, const NDArray& x, double s, bool scalar_firs
   record(name, {a}, out, [op, s, scalar_first](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o) {
     ops::binary_scalar(ctx, op, view(*in[0]), s, scalar_first, view(o));
   });
-  return Access::wrap(out);
+  NDArray r = Access::wrap(out);
+  grad::scalar(op, x, s, scalar_first, r);
+  return r;
 }
 
 NDArray compare_op(ops::CompareOp op, const NDArray& x, const NDArray& y) {
@@ -414,10 +414,12 @@ void inplace_op(ops::BinaryOp op, const StatePtr& a, StatePtr b, const char* nam
     throw InvalidArgument(std::string(name) + ": the result shape " + to_string(s) +
                           " differs from the target's " + to_string(a->shape));
   }
+  grad::check_inplace(Access::wrap(a), name);
   if (b->storage == a->storage &&
       (b->offset != a->offset || b->strides != a->strides || b->shape != a->shape)) {
     b = Access::state(Access::wrap(b).copy(), name);
   }
+  a->storage->version.fetch_add(1, std::memory_order_relaxed);
   record(name, {a, b}, a, [op](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o) {
     ops::binary(ctx, op, view(*in[0]), view(*in[1]), view(o));
   });
@@ -426,6 +428,8 @@ void inplace_op(ops::BinaryOp op, const StatePtr& a, StatePtr b, const char* nam
 void inplace_scalar(ops::BinaryOp op, const StatePtr& a, double s, const char* name) {
   check_binary(op, *a, name);
   check_scalar_divisor(op, *a, s, name);
+  grad::check_inplace(Access::wrap(a), name);
+  a->storage->version.fetch_add(1, std::memory_order_relaxed);
   record(name, {a}, a, [op, s](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o) {
     ops::binary_scalar(ctx, op, view(*in[0]), s, false, view(o));
   });
@@ -453,7 +457,9 @@ NDArray reduce_op(ops::ReduceOp op, const NDArray& x, bool all, int axis, bool k
   record(name, {a}, out, [op, all, axis](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o) {
     ops::reduce(ctx, op, view(*in[0]), all, axis, view(o));
   });
-  return Access::wrap(out);
+  NDArray r = Access::wrap(out);
+  grad::reduce(op, x, all, axis, keepdims, r);
+  return r;
 }
 
 }  // namespace
@@ -509,7 +515,9 @@ NDArray NDArray::copy() const {
   record("copy", {a}, out, [](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o) {
     ops::copy_cast(ctx, view(*in[0]), view(o));
   });
-  return Access::wrap(out);
+  NDArray r = Access::wrap(out);
+  grad::same_values("copy", *this, r);
+  return r;
 }
 
 NDArray NDArray::astype(DType t) const {
@@ -518,7 +526,9 @@ NDArray NDArray::astype(DType t) const {
   record("astype", {a}, out, [](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o) {
     ops::copy_cast(ctx, view(*in[0]), view(o));
   });
-  return Access::wrap(out);
+  NDArray r = Access::wrap(out);
+  grad::same_values("astype", *this, r);
+  return r;
 }
 
 // Copies between devices, all recorded, none implicit:
@@ -531,8 +541,9 @@ NDArray NDArray::astype(DType t) const {
 //   sim(i) -> sim(j), gpu(i) -> gpu(j): a peer copy on the target's copy-in
 //     stream, ordered after the source's producer by an event;
 //   sim <-> gpu: through the host (two of the above).
-NDArray NDArray::copyto(Device dev) const {
-  const StatePtr& a0 = Access::state(*this, "copyto");
+namespace {
+NDArray copy_to_device(const NDArray& self, Device dev) {
+  const StatePtr& a0 = Access::state(self, "copyto");
   check_device(dev, "copyto");
   const Device src = a0->storage->device;
   if (src == dev || (!src.is_stream_device() && !dev.is_stream_device())) {
@@ -543,7 +554,7 @@ NDArray NDArray::copyto(Device dev) const {
     return Access::wrap(out);
   }
   if (src.is_stream_device() && dev.is_stream_device() && src.kind != dev.kind) {
-    return copyto(cpu()).copyto(dev);
+    return copy_to_device(copy_to_device(self, cpu()), dev);
   }
   const StatePtr a = dense(a0);  // on the source device
   StatePtr out = new_array(a->shape, a->dtype, dev, "copyto");
@@ -602,6 +613,13 @@ NDArray NDArray::copyto(Device dev) const {
   eng.delete_var(stage_var);
   return Access::wrap(out);
 }
+}  // namespace
+
+NDArray NDArray::copyto(Device dev) const {
+  NDArray r = copy_to_device(*this, dev);
+  grad::same_values("copyto", *this, r);
+  return r;
+}
 
 NDArray NDArray::as_in_device(Device dev) const {
   const StatePtr& a = Access::state(*this, "as_in_device");
@@ -613,7 +631,9 @@ NDArray NDArray::reshape(const Shape& shape) const {
   const StatePtr& a = Access::state(*this, "reshape");
   Shape s = ops::reshape_shape(a->shape, shape);
   StatePtr base = dense(a);
-  return Access::wrap(make_view(base, s, contiguous_strides(s), base->offset));
+  NDArray r = Access::wrap(make_view(base, s, contiguous_strides(s), base->offset));
+  grad::same_values("reshape", *this, r);
+  return r;
 }
 
 NDArray NDArray::transpose() const {
@@ -634,7 +654,9 @@ NDArray NDArray::transpose(const std::vector<int>& perm) const {
     s[i] = a->shape[perm[i]];
     st[i] = a->strides[perm[i]];
   }
-  return Access::wrap(make_view(a, std::move(s), std::move(st), a->offset));
+  NDArray r = Access::wrap(make_view(a, std::move(s), std::move(st), a->offset));
+  grad::transpose(*this, perm, r);
+  return r;
 }
 
 NDArray NDArray::slice(int axis, std::int64_t start, std::int64_t stop) const {
@@ -650,7 +672,9 @@ NDArray NDArray::slice(int axis, std::int64_t start, std::int64_t stop) const {
   }
   Shape s = a->shape;
   s[axis] = e - b;
-  return Access::wrap(make_view(a, std::move(s), a->strides, a->offset + b * a->strides[axis]));
+  NDArray r = Access::wrap(make_view(a, std::move(s), a->strides, a->offset + b * a->strides[axis]));
+  grad::slice(*this, axis, b, r);
+  return r;
 }
 
 NDArray NDArray::sum() const { return reduce_op(ops::ReduceOp::kSum, *this, true, 0, false); }
@@ -684,7 +708,9 @@ NDArray& NDArray::assign(const NDArray& o) {
     throw InvalidArgument("assign: a source of shape " + to_string(b->shape) +
                           " does not broadcast to the target's " + to_string(a->shape));
   }
+  grad::check_inplace(*this, "assign");
   if (b->storage == a->storage) b = Access::state(Access::wrap(b).copy(), "assign");
+  a->storage->version.fetch_add(1, std::memory_order_relaxed);
   auto kernel = [](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o2) {
     ops::copy_cast(ctx, view(*in[0]), view(o2));
   };
@@ -856,6 +882,31 @@ NDArray pow(const NDArray& a, const NDArray& b) { return binary_op(ops::BinaryOp
 NDArray pow(const NDArray& a, double e) { return scalar_op(ops::BinaryOp::kPow, a, e, false); }
 NDArray maximum(const NDArray& a, const NDArray& b) { return binary_op(ops::BinaryOp::kMax, a, b); }
 NDArray minimum(const NDArray& a, const NDArray& b) { return binary_op(ops::BinaryOp::kMin, a, b); }
+NDArray maximum(const NDArray& a, double s) { return scalar_op(ops::BinaryOp::kMax, a, s, false); }
+NDArray minimum(const NDArray& a, double s) { return scalar_op(ops::BinaryOp::kMin, a, s, false); }
+NDArray clip(const NDArray& a, double low, double high) {
+  if (!(low <= high)) {
+    std::ostringstream msg;
+    msg << "clip: low (" << low << ") must not exceed high (" << high << ")";
+    throw InvalidArgument(msg.str());
+  }
+  return minimum(maximum(a, low), high);
+}
+
+NDArray broadcast_to(const NDArray& x, const Shape& shape) {
+  const StatePtr& a = Access::state(x, "broadcast_to");
+  if (ops::broadcast_shapes(a->shape, shape, "broadcast_to") != shape) {
+    throw InvalidArgument("broadcast_to: shape " + to_string(a->shape) + " does not broadcast to " +
+                          to_string(shape));
+  }
+  StatePtr out = new_array(shape, a->dtype, a->storage->device, "broadcast_to");
+  record("broadcast_to", {a}, out, [](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o) {
+    ops::copy_cast(ctx, view(*in[0]), view(o));
+  });
+  NDArray r = Access::wrap(out);
+  grad::same_values("broadcast_to", x, r);
+  return r;
+}
 
 NDArray where(const NDArray& cond, const NDArray& x, const NDArray& y) {
   const StatePtr& c = Access::state(cond, "where");
@@ -872,7 +923,9 @@ NDArray where(const NDArray& cond, const NDArray& x, const NDArray& y) {
   record("where", {c, a, b}, out, [](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o) {
     ops::where(ctx, view(*in[0]), view(*in[1]), view(*in[2]), view(o));
   });
-  return Access::wrap(out);
+  NDArray r = Access::wrap(out);
+  grad::where(cond, x, y, r);
+  return r;
 }
 
 NDArray matmul(const NDArray& x, const NDArray& y) {
@@ -888,7 +941,9 @@ NDArray matmul(const NDArray& x, const NDArray& y) {
   record("matmul", {a, b}, out, [](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o) {
     ops::matmul(ctx, view(*in[0]), view(*in[1]), view(o));
   });
-  return Access::wrap(out);
+  NDArray r = Access::wrap(out);
+  grad::matmul(x, y, r);
+  return r;
 }
 
 NDArray dot(const NDArray& a, const NDArray& b) { return matmul(a, b); }
@@ -934,7 +989,9 @@ NDArray concat(const std::vector<NDArray>& arrays, int axis) {
         }
       },
       reads, writes, push_options(out->storage->device, "concat", out->storage->bytes));
-  return Access::wrap(out);
+  NDArray r = Access::wrap(out);
+  grad::concat(arrays, axis, r);
+  return r;
 }
 
 }  // namespace nd

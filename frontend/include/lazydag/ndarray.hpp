@@ -44,14 +44,18 @@ void set_default_device(Device dev);
 
 namespace detail {
 struct Storage;
+struct AutogradMeta;
 /// What an NDArray handle points to: a strided view of a storage buffer.
-/// Immutable once made; handles share it.
+/// Immutable once made, except for its autograd record; handles share it.
 struct ArrayState {
   std::shared_ptr<Storage> storage;
   Shape shape;
   Strides strides;  // in elements
   std::int64_t offset = 0;
   DType dtype = DType::kFloat32;
+  /// Set by requires_grad(true) (a leaf) or by a differentiable op whose
+  /// input requires grad (its backward node); null otherwise.
+  mutable std::shared_ptr<AutogradMeta> autograd;
 };
 struct Access;
 }  // namespace detail
@@ -154,6 +158,38 @@ class NDArray {
   NDArray& operator*=(double s);
   NDArray& operator/=(double s);
 
+  // ---- autograd (docs/guide.md, "Training") ----
+  // Not synchronised: set requires_grad before other threads use the handle.
+
+  /// Makes this float array a leaf whose gradient backward() accumulates
+  /// (true), or stops that (false; refused on a non-leaf: use detach()).
+  /// InvalidArgument for integer and bool arrays.
+  NDArray& requires_grad(bool on);
+  /// requires_grad(true), MXNet's spelling.
+  NDArray& attach_grad() { return requires_grad(true); }
+  /// True for a leaf that requires grad and for the result of a
+  /// differentiable op recorded (grad mode on) with such an input.
+  [[nodiscard]] bool requires_grad() const;
+  /// False only for arrays made by a recorded differentiable op.
+  [[nodiscard]] bool is_leaf() const;
+  /// The gradient accumulated by backward() (a leaf that requires grad), or
+  /// an empty handle before the first backward() and after zero_grad().
+  /// Each backward() that reaches the leaf replaces it by a new array
+  /// holding the sum (recorded; nothing waits).
+  [[nodiscard]] NDArray grad() const;
+  /// Forgets the accumulated gradient: the next backward() starts from zero.
+  void zero_grad();
+  /// The same storage, cut from the gradient graph (a view, no grad).
+  [[nodiscard]] NDArray detach() const;
+  /// Records the gradients of this array with respect to every leaf that
+  /// requires grad and returns at once; reading a gradient waits for it.
+  /// `gradient` (same shape, dtype and device) is d(out)/d(this); it may be
+  /// omitted for a one-element array (then 1). The arrays ops saved for
+  /// backward are released afterwards unless retain_graph is true; a second
+  /// backward() through them is then refused. Refused, recording nothing,
+  /// when an array saved for backward was modified in place since.
+  void backward(const NDArray& gradient = NDArray(), bool retain_graph = false) const;
+
  private:
   friend struct detail::Access;
   friend std::ostream& operator<<(std::ostream& os, const NDArray& a);
@@ -254,6 +290,13 @@ template <class T>
 [[nodiscard]] NDArray pow(const NDArray& a, double exponent);
 [[nodiscard]] NDArray maximum(const NDArray& a, const NDArray& b);
 [[nodiscard]] NDArray minimum(const NDArray& a, const NDArray& b);
+/// The scalar takes the array's dtype.
+[[nodiscard]] NDArray maximum(const NDArray& a, double s);
+[[nodiscard]] NDArray minimum(const NDArray& a, double s);
+/// minimum(maximum(a, low), high).
+[[nodiscard]] NDArray clip(const NDArray& a, double low, double high);
+/// A new array of `shape` holding `a` broadcast NumPy-style (a copy).
+[[nodiscard]] NDArray broadcast_to(const NDArray& a, const Shape& shape);
 /// cond (bool) ? a : b, broadcast.
 [[nodiscard]] NDArray where(const NDArray& cond, const NDArray& a, const NDArray& b);
 /// Matrix product (2-D, or batched 3-D) of float32 or float64 arrays, via BLAS.

@@ -1,0 +1,26 @@
+// Numerically stable activations and losses for model code, built from
+// differentiable NDArray ops (so backward() reaches through them).
+#pragma once
+
+#include <lazydag/ndarray.hpp>
+
+namespace lazydag::nd {
+
+/// log(sum(exp(x), axis)), stable: the maximum is subtracted first.
+[[nodiscard]] NDArray logsumexp(const NDArray& x, int axis = -1, bool keepdims = false);
+/// exp(x) / sum(exp(x), axis), stable.
+[[nodiscard]] NDArray softmax(const NDArray& x, int axis = -1);
+/// x - logsumexp(x, axis), stable.
+[[nodiscard]] NDArray log_softmax(const NDArray& x, int axis = -1);
+/// A float array of shape labels.shape + [classes]: 1 where the last index
+/// equals the label. `labels` is an int32 or int64 array; a label outside
+/// [0, classes) gives an all-zero row.
+[[nodiscard]] NDArray one_hot(const NDArray& labels, std::int64_t classes,
+                              DType t = DType::kFloat32);
+/// Mean over the batch of -log_softmax(logits)[i, labels[i]]: logits of
+/// shape [N, C] (float), labels of shape [N] (int32 or int64).
+[[nodiscard]] NDArray cross_entropy(const NDArray& logits, const NDArray& labels);
+/// Mean of (prediction - target)^2 over every element.
+[[nodiscard]] NDArray mse_loss(const NDArray& prediction, const NDArray& target);
+
+}  // namespace lazydag::nd

@@ -1,0 +1,38 @@
+// The hooks through which ndarray.cpp records backward nodes: each is
+// called with an op's inputs and its result, after the forward op was
+// recorded, and does nothing unless grad mode is on and an input requires
+// grad (one thread-local load and a pointer test per input).
+#pragma once
+
+#include <lazydag/autograd.hpp>
+#include <lazydag/ndarray.hpp>
+#include <lazydag/ops/kernels.hpp>
+
+#include <cstdint>
+#include <initializer_list>
+#include <vector>
+
+namespace lazydag::detail::grad {
+
+/// Grad mode is on and one of `xs` requires grad.
+[[nodiscard]] bool wanted(std::initializer_list<const NDArray*> xs) noexcept;
+
+void unary(ops::UnaryOp op, const NDArray& x, const NDArray& out);
+void binary(ops::BinaryOp op, const NDArray& a, const NDArray& b, const NDArray& out);
+void scalar(ops::BinaryOp op, const NDArray& a, double s, bool scalar_first, const NDArray& out);
+void reduce(ops::ReduceOp op, const NDArray& x, bool all, int axis, bool keepdims, const NDArray& out);
+/// reshape, copy, copyto, broadcast_to and astype between float dtypes:
+/// the gradient is the output's, brought back to the input's shape,
+/// dtype and device.
+void same_values(const char* name, const NDArray& x, const NDArray& out);
+void transpose(const NDArray& x, const std::vector<int>& perm, const NDArray& out);
+void slice(const NDArray& x, int axis, std::int64_t start, const NDArray& out);
+void where(const NDArray& cond, const NDArray& a, const NDArray& b, const NDArray& out);
+void matmul(const NDArray& a, const NDArray& b, const NDArray& out);
+void concat(const std::vector<NDArray>& xs, int axis, const NDArray& out);
+
+/// Refuses (InvalidArgument naming `op`) an in-place write of an array in
+/// the gradient graph while grad mode is on.
+void check_inplace(const NDArray& target, const char* op);
+
+}  // namespace lazydag::detail::grad

@@ -414,6 +414,14 @@ void concat(const std::vector<NDArray>& xs, int axis, const NDArray& out) {
   st(out).autograd = std::move(meta);
 }
 
+void take(const NDArray& a, const NDArray& indices, const NDArray& out) {
+  if (!wanted({&a}) || !is_floating(a.dtype())) return;
+  const std::int64_t rows = a.shape()[0];
+  attach("take", out, {&a}, {indices}, [rows](const NDArray& g, const std::vector<NDArray>& s, auto&) {
+    return std::vector<NDArray>{scatter_add_rows(g, s[0], rows)};
+  });
+}
+
 void check_inplace(const NDArray& target, const char* op) {
   if (!autograd::is_grad_enabled()) return;
   const ArrayState& s = st(target);

@@ -30,9 +30,17 @@ void slice(const NDArray& x, int axis, std::int64_t start, const NDArray& out);
 void where(const NDArray& cond, const NDArray& a, const NDArray& b, const NDArray& out);
 void matmul(const NDArray& a, const NDArray& b, const NDArray& out);
 void concat(const std::vector<NDArray>& xs, int axis, const NDArray& out);
+/// nd::take of rows of `a` (contiguous); its derivative scatter-adds.
+void take(const NDArray& a, const NDArray& indices, const NDArray& out);
 
 /// Refuses (InvalidArgument naming `op`) an in-place write of an array in
 /// the gradient graph while grad mode is on.
 void check_inplace(const NDArray& target, const char* op);
 
 }  // namespace lazydag::detail::grad
+
+namespace lazydag::detail {
+/// A zero array of `rows` rows plus g's trailing shape, with g's rows added
+/// at `indices` (the derivative of take; data.cpp).
+[[nodiscard]] NDArray scatter_add_rows(const NDArray& g, const NDArray& indices, std::int64_t rows);
+}  // namespace lazydag::detail

@@ -5,8 +5,10 @@
 #include <lazydag/ndarray.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace lazydag::detail {
 
@@ -31,5 +33,19 @@ struct Access {
 
 /// How many in-place writes have been recorded into the storage so far.
 [[nodiscard]] std::uint64_t storage_version(const ArrayState& s) noexcept;
+
+}  // namespace lazydag::detail
+
+namespace lazydag::detail {
+
+/// Records one op on the arrays' device (a CPU or the emulated sim device)
+/// that reads `reads` and writes `writes`, each contiguous, all on one
+/// device; `kernel` gets their element pointers, reads first. Each write counts in its storage's version. InvalidArgument or
+/// DeviceMismatch otherwise, recording nothing.
+/// A new array whose contents nothing has written yet (an op's output).
+[[nodiscard]] NDArray empty(const Shape& shape, DType t, Device dev, const char* op);
+
+void record_host_kernel(const char* name, const std::vector<NDArray>& reads, const std::vector<NDArray>& writes,
+                        std::function<void(const std::vector<void*>&)> kernel);
 
 }  // namespace lazydag::detail

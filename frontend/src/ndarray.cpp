@@ -807,6 +807,48 @@ NDArray make_array(const void* data, std::size_t count, DType t, const Shape& sh
   return Access::wrap(out);
 }
 
+NDArray empty(const Shape& shape, DType t, Device dev, const char* op) {
+  return Access::wrap(new_array(shape, t, dev, op));
+}
+
+void record_host_kernel(const char* name, const std::vector<NDArray>& reads, const std::vector<NDArray>& writes,
+                        std::function<void(const std::vector<void*>&)> kernel) {
+  std::vector<StatePtr> all;
+  for (const auto& a : reads) all.push_back(Access::state(a, name));
+  for (const auto& a : writes) all.push_back(Access::state(a, name));
+  if (all.empty()) throw InvalidArgument(std::string(name) + ": no arrays");
+  const Device dev = all[0]->storage->device;
+  if (dev.kind == DeviceKind::kGpu) {
+    throw InvalidArgument(std::string(name) + ": a host kernel cannot run on " + dev.str());
+  }
+  for (const auto& a : all) {
+    if (!(a->storage->device == dev)) {
+      throw DeviceMismatch(std::string(name) + ": arrays on " + dev.str() + " and " + a->storage->device.str());
+    }
+    if (!contiguous(*a)) throw InvalidArgument(std::string(name) + ": needs contiguous arrays");
+  }
+  for (const auto& a : writes) grad::check_inplace(a, name);
+  std::vector<engine::Var> read_vars;
+  std::vector<engine::Var> write_vars;
+  for (const auto& a : reads) read_vars.push_back(Access::state(a, name)->storage->var);
+  for (const auto& a : writes) {
+    const StatePtr& s = Access::state(a, name);
+    write_vars.push_back(s->storage->var);
+    s->storage->version.fetch_add(1, std::memory_order_relaxed);
+  }
+  nd::engine().push(
+      [all = std::move(all), kernel = std::move(kernel)](const engine::RunContext& ctx) {
+        std::vector<void*> ptrs;
+        ptrs.reserve(all.size());
+        for (const auto& a : all) {
+          ptrs.push_back(static_cast<unsigned char*>(a->storage->ensure(ctx)) +
+                         static_cast<std::size_t>(a->offset) * size_of(a->dtype));
+        }
+        kernel(ptrs);
+      },
+      read_vars, write_vars, push_options(dev, name, 0));
+}
+
 }  // namespace detail
 
 namespace nd {

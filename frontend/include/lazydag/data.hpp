@@ -1,0 +1,74 @@
+// Data for training: NumPy .npy files, row gathers, permutations and a
+// minibatch iterator whose batches are recorded gathers on the device.
+#pragma once
+
+#include <lazydag/ndarray.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace lazydag::nd {
+
+/// Blocks (reads the values). Writes `a` in NumPy's .npy format (version
+/// 1.0, little-endian, C order): np.load reads it. Error if the file cannot
+/// be written.
+void save_npy(const std::string& path, const NDArray& a,
+              std::source_location where = std::source_location::current());
+/// Reads an .npy file written by NumPy or save_npy: float32, float64,
+/// int32, int64 or bool, little-endian, C or Fortran order, versions 1 to
+/// 3. InvalidArgument naming what is unsupported or malformed.
+[[nodiscard]] NDArray load_npy(const std::string& path, Device dev = default_device());
+
+/// Rows of `a` (axis 0) picked by `indices` (int32 or int64, any shape):
+/// the result has shape indices.shape + a.shape[1:]. An index outside
+/// [0, rows) fails the op (OpError at the next wait), naming it.
+/// Differentiable in `a` (the gradient adds each row's share back: an
+/// embedding lookup's scatter-add). A copy on CPU and sim devices; on a GPU
+/// through the host.
+[[nodiscard]] NDArray take(const NDArray& a, const NDArray& indices);
+/// A random permutation of 0..n-1 (int64), a function of (n, seed) only.
+[[nodiscard]] NDArray permutation(std::int64_t n, std::uint64_t seed, Device dev = default_device());
+/// Integers uniform in [low, high) (int64), a function of (shape, seed) only.
+[[nodiscard]] NDArray randint(std::int64_t low, std::int64_t high, const Shape& shape, std::uint64_t seed,
+                              Device dev = default_device());
+
+}  // namespace lazydag::nd
+
+namespace lazydag::data {
+
+/// Minibatches over arrays that share their first dimension (features,
+/// labels, ...), all on one device. Each batch is a recorded gather of
+/// rows (nd::take): nothing is copied on the host per batch, and the batch
+/// after the one returned is recorded before next() returns, so it is
+/// gathered while the caller's step runs.
+class MiniBatches {
+ public:
+  /// shuffle: each epoch visits the rows in the order nd::permutation(rows,
+  /// seed + epoch) gives; otherwise in order. drop_last: a last batch
+  /// smaller than batch_size is skipped.
+  MiniBatches(std::vector<NDArray> arrays, std::int64_t batch_size, bool shuffle = true,
+              std::uint64_t seed = 0, bool drop_last = false);
+  /// Starts epoch `epoch` (from 0) at its first batch.
+  void start_epoch(std::int64_t epoch);
+  /// The next batch of the current epoch (one array per input array), or
+  /// nothing at the epoch's end.
+  [[nodiscard]] std::optional<std::vector<NDArray>> next();
+  [[nodiscard]] std::int64_t rows() const noexcept { return rows_; }
+  [[nodiscard]] std::int64_t batches_per_epoch() const noexcept;
+
+ private:
+  std::vector<NDArray> prepare(std::int64_t batch);
+  std::vector<NDArray> arrays_;
+  std::int64_t batch_size_;
+  bool shuffle_;
+  std::uint64_t seed_;
+  bool drop_last_;
+  std::int64_t rows_;
+  NDArray order_;  // this epoch's row order (int64, on the arrays' device)
+  std::int64_t next_batch_ = 0;
+  std::optional<std::vector<NDArray>> ahead_;
+};
+
+}  // namespace lazydag::data

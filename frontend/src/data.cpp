@@ -1,0 +1,314 @@
+// .npy files, row gathers, counter-based permutations and the minibatch
+// iterator.
+#include <lazydag/data.hpp>
+
+#include "autograd_internal.hpp"
+#include "internal.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+namespace lazydag {
+
+namespace {
+
+// splitmix64 of (seed, counter): the values depend on nothing else.
+std::uint64_t mix(std::uint64_t seed, std::uint64_t i) {
+  std::uint64_t z = seed * 0x9E3779B97F4A7C15ULL + i + 0x632BE59BD9B4E019ULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+// Uniform in [0, range) (Lemire's multiply-high; the bias is below 2^-32
+// for the ranges used here).
+__extension__ using U128 = unsigned __int128;
+std::uint64_t below(std::uint64_t r, std::uint64_t range) {
+  return static_cast<std::uint64_t>((static_cast<U128>(r) * range) >> 64);
+}
+
+const char* npy_descr(DType t) {
+  switch (t) {
+    case DType::kFloat32: return "<f4";
+    case DType::kFloat64: return "<f8";
+    case DType::kInt32: return "<i4";
+    case DType::kInt64: return "<i8";
+    case DType::kBool: return "|b1";
+  }
+  return "";
+}
+
+std::vector<unsigned char> host_bytes(const NDArray& a) {
+  std::vector<unsigned char> out(static_cast<std::size_t>(a.size()) * size_of(a.dtype()));
+  dispatch(a.dtype(), [&]<class T>() {
+    if constexpr (std::is_same_v<T, bool>) {
+      const auto v = a.to_vector<bool>();
+      for (std::size_t i = 0; i < v.size(); ++i) out[i] = v[i] ? 1 : 0;
+    } else {
+      const auto v = a.to_vector<T>();
+      if (!v.empty()) std::memcpy(out.data(), v.data(), out.size());
+    }
+  });
+  return out;
+}
+
+template <class T>
+void scatter_add(const std::vector<void*>& p, std::int64_t n, std::int64_t row, std::int64_t rows, bool i64) {
+  const T* g = static_cast<const T*>(p[0]);
+  T* z = static_cast<T*>(p[2]);
+  for (std::int64_t k = 0; k < n; ++k) {
+    const std::int64_t i = i64 ? static_cast<const std::int64_t*>(p[1])[k] : static_cast<const std::int32_t*>(p[1])[k];
+    if (i < 0 || i >= rows) continue;  // the forward take failed on it already
+    for (std::int64_t j = 0; j < row; ++j) z[i * row + j] += g[k * row + j];
+  }
+}
+
+}  // namespace
+
+namespace detail {
+
+NDArray scatter_add_rows(const NDArray& g0, const NDArray& indices, std::int64_t rows) {
+  Shape s{rows};
+  const Shape& gs = g0.shape();
+  s.insert(s.end(), gs.begin() + indices.ndim(), gs.end());
+  NDArray z = nd::zeros(s, g0.dtype(), g0.device());
+  if (g0.device().kind == DeviceKind::kGpu) {
+    return scatter_add_rows(g0.copyto(cpu()), indices.copyto(cpu()), rows).copyto(g0.device());
+  }
+  const NDArray g = g0.is_contiguous() ? g0 : g0.copy();
+  const NDArray idx = indices.is_contiguous() ? indices : indices.copy();
+  const std::int64_t n = idx.size();
+  const std::int64_t row = rows == 0 ? 0 : z.size() / rows;
+  const bool f64 = g.dtype() == DType::kFloat64;
+  const bool i64 = idx.dtype() == DType::kInt64;
+  record_host_kernel("take (backward)", {g, idx}, {z}, [=](const std::vector<void*>& p) {
+    f64 ? scatter_add<double>(p, n, row, rows, i64) : scatter_add<float>(p, n, row, rows, i64);
+  });
+  return z;
+}
+
+}  // namespace detail
+
+namespace nd {
+
+void save_npy(const std::string& path, const NDArray& a, std::source_location where) {
+  (void)where;
+  const auto bytes = host_bytes(a);  // blocks
+  std::string shape = "(";
+  for (std::size_t i = 0; i < a.shape().size(); ++i) {
+    shape += std::to_string(a.shape()[i]) + (a.shape().size() == 1 ? "," : (i + 1 < a.shape().size() ? ", " : ""));
+  }
+  shape += ")";
+  std::string header = std::string("{'descr': '") + npy_descr(a.dtype()) +
+                       "', 'fortran_order': False, 'shape': " + shape + ", }";
+  const std::size_t unpadded = 10 + header.size() + 1;  // magic, version, length, header, '\n'
+  header.append((64 - unpadded % 64) % 64, ' ');
+  header += '\n';
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  if (!f) throw Error("save_npy: cannot open '" + path + "' for writing");
+  const unsigned char magic[] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0};
+  f.write(reinterpret_cast<const char*>(magic), sizeof magic);
+  const auto len = static_cast<std::uint16_t>(header.size());
+  const unsigned char le[] = {static_cast<unsigned char>(len & 0xff), static_cast<unsigned char>(len >> 8)};
+  f.write(reinterpret_cast<const char*>(le), 2);
+  f.write(header.data(), static_cast<std::streamsize>(header.size()));
+  f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  if (!f) throw Error("save_npy: writing '" + path + "' failed");
+}
+
+NDArray load_npy(const std::string& path, Device dev) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw InvalidArgument("load_npy: cannot open '" + path + "'");
+  std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  auto bad = [&](const std::string& why) { return InvalidArgument("load_npy: '" + path + "': " + why); };
+  if (all.size() < 10 || all.compare(0, 6, "\x93NUMPY") != 0) throw bad("not an .npy file (no magic string)");
+  const auto major = static_cast<unsigned char>(all[6]);
+  std::size_t hlen = 0;
+  std::size_t at = 0;
+  if (major == 1) {
+    hlen = static_cast<unsigned char>(all[8]) | (static_cast<std::size_t>(static_cast<unsigned char>(all[9])) << 8);
+    at = 10;
+  } else if (major == 2 || major == 3) {
+    if (all.size() < 12) throw bad("truncated header");
+    for (int i = 0; i < 4; ++i) hlen |= static_cast<std::size_t>(static_cast<unsigned char>(all[8 + i])) << (8 * i);
+    at = 12;
+  } else {
+    throw bad("unsupported format version " + std::to_string(major));
+  }
+  if (all.size() < at + hlen) throw bad("truncated header");
+  const std::string h = all.substr(at, hlen);
+  auto value_of = [&](const std::string& key) {
+    const auto k = h.find("'" + key + "'");
+    if (k == std::string::npos) throw bad("the header has no '" + key + "'");
+    auto v = h.find(':', k);
+    if (v == std::string::npos) throw bad("malformed header");
+    ++v;
+    while (v < h.size() && h[v] == ' ') ++v;
+    return v;
+  };
+  std::size_t d = value_of("descr");
+  const char quote = h[d];
+  const auto d_end = h.find(quote, d + 1);
+  if (d_end == std::string::npos) throw bad("malformed descr");
+  const std::string descr = h.substr(d + 1, d_end - d - 1);
+  DType t;
+  if (descr == "<f4") t = DType::kFloat32;
+  else if (descr == "<f8") t = DType::kFloat64;
+  else if (descr == "<i4") t = DType::kInt32;
+  else if (descr == "<i8") t = DType::kInt64;
+  else if (descr == "|b1") t = DType::kBool;
+  else throw bad("dtype '" + descr + "' is not supported (float32, float64, int32, int64, bool; little-endian)");
+  const bool fortran = h.compare(value_of("fortran_order"), 4, "True") == 0;
+  std::size_t sh = value_of("shape");
+  if (h[sh] != '(') throw bad("malformed shape");
+  const auto sh_end = h.find(')', sh);
+  if (sh_end == std::string::npos) throw bad("malformed shape");
+  Shape shape;
+  std::stringstream dims(h.substr(sh + 1, sh_end - sh - 1));
+  std::string item;
+  while (std::getline(dims, item, ',')) {
+    item.erase(0, item.find_first_not_of(' '));
+    item.erase(item.find_last_not_of(' ') + 1);
+    if (item.empty()) continue;
+    try {
+      std::size_t used = 0;
+      shape.push_back(std::stoll(item, &used));
+      if (used != item.size() || shape.back() < 0) throw std::invalid_argument(item);
+    } catch (const std::exception&) {
+      throw bad("malformed dimension '" + item + "'");
+    }
+  }
+  check_shape(shape, "load_npy");
+  const std::size_t count = static_cast<std::size_t>(numel(shape));
+  const std::size_t want = count * size_of(t);
+  if (all.size() - at - hlen < want) {
+    throw bad("holds " + std::to_string(all.size() - at - hlen) + " data bytes, shape " + to_string(shape) +
+              " needs " + std::to_string(want));
+  }
+  const char* data = all.data() + at + hlen;
+  if (!fortran) return detail::make_array(data, count, t, shape, dev);
+  Shape reversed(shape.rbegin(), shape.rend());
+  std::vector<int> perm(shape.size());
+  for (std::size_t i = 0; i < perm.size(); ++i) perm[i] = static_cast<int>(perm.size() - 1 - i);
+  return detail::make_array(data, count, t, reversed, dev).transpose(perm).copy();
+}
+
+NDArray take(const NDArray& a0, const NDArray& indices) {
+  if (!a0.valid() || !indices.valid()) throw InvalidArgument("take: use of an empty NDArray");
+  if (indices.dtype() != DType::kInt64 && indices.dtype() != DType::kInt32) {
+    throw InvalidArgument("take: indices must be int32 or int64, got " + std::string(to_string(indices.dtype())));
+  }
+  if (a0.ndim() < 1) throw InvalidArgument("take: needs an array of at least one dimension");
+  if (!(a0.device() == indices.device())) {
+    throw DeviceMismatch("take: the array lives on " + a0.device().str() + ", the indices on " +
+                         indices.device().str() + "; move one with copyto(device)");
+  }
+  if (a0.device().kind == DeviceKind::kGpu) {
+    return take(a0.copyto(cpu()), indices.copyto(cpu())).copyto(a0.device());
+  }
+  const NDArray a = a0.is_contiguous() ? a0 : a0.copy();
+  const NDArray idx = indices.is_contiguous() ? indices : indices.copy();
+  Shape s = idx.shape();
+  s.insert(s.end(), a.shape().begin() + 1, a.shape().end());
+  NDArray out = detail::empty(s, a.dtype(), a.device(), "take");
+  const std::int64_t rows = a.shape()[0];
+  const std::size_t row_bytes = rows == 0 ? 0 : static_cast<std::size_t>(a.size() / rows) * size_of(a.dtype());
+  const std::int64_t n = idx.size();
+  const bool i64 = idx.dtype() == DType::kInt64;
+  detail::record_host_kernel("take", {a, idx}, {out}, [=](const std::vector<void*>& p) {
+    const auto* src = static_cast<const unsigned char*>(p[0]);
+    auto* dst = static_cast<unsigned char*>(p[2]);
+    for (std::int64_t k = 0; k < n; ++k) {
+      const std::int64_t i = i64 ? static_cast<const std::int64_t*>(p[1])[k] : static_cast<const std::int32_t*>(p[1])[k];
+      if (i < 0 || i >= rows) {
+        throw InvalidArgument("take: index " + std::to_string(i) + " is out of range [0, " + std::to_string(rows) + ")");
+      }
+      if (row_bytes != 0) std::memcpy(dst + k * row_bytes, src + static_cast<std::size_t>(i) * row_bytes, row_bytes);
+    }
+  });
+  detail::grad::take(a, idx, out);
+  return out;
+}
+
+NDArray permutation(std::int64_t n, std::uint64_t seed, Device dev) {
+  if (n < 0) throw InvalidArgument("permutation: n must be >= 0, got " + std::to_string(n));
+  check_shape(Shape{n}, "permutation");
+  std::vector<std::int64_t> v(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = i;
+  for (std::int64_t i = n - 1; i > 0; --i) {  // Fisher-Yates
+    const auto j = below(mix(seed, static_cast<std::uint64_t>(i)), static_cast<std::uint64_t>(i) + 1);
+    std::swap(v[static_cast<std::size_t>(i)], v[j]);
+  }
+  return nd::array(v, {n}, dev);
+}
+
+NDArray randint(std::int64_t low, std::int64_t high, const Shape& shape, std::uint64_t seed, Device dev) {
+  if (low >= high) {
+    throw InvalidArgument("randint: low (" + std::to_string(low) + ") must be below high (" + std::to_string(high) + ")");
+  }
+  check_shape(shape, "randint");
+  const auto range = static_cast<std::uint64_t>(high) - static_cast<std::uint64_t>(low);
+  std::vector<std::int64_t> v(static_cast<std::size_t>(numel(shape)));
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    v[i] = static_cast<std::int64_t>(static_cast<std::uint64_t>(low) + below(mix(seed, i), range));
+  }
+  return nd::array(v, shape, dev);
+}
+
+}  // namespace nd
+
+namespace data {
+
+MiniBatches::MiniBatches(std::vector<NDArray> arrays, std::int64_t batch_size, bool shuffle, std::uint64_t seed,
+                         bool drop_last)
+    : arrays_(std::move(arrays)), batch_size_(batch_size), shuffle_(shuffle), seed_(seed), drop_last_(drop_last) {
+  if (arrays_.empty()) throw InvalidArgument("MiniBatches: no arrays");
+  if (batch_size <= 0) throw InvalidArgument("MiniBatches: batch_size must be positive, got " + std::to_string(batch_size));
+  for (const auto& a : arrays_) {
+    if (!a.valid() || a.ndim() < 1) throw InvalidArgument("MiniBatches: every array needs a first dimension");
+    if (a.shape()[0] != arrays_[0].shape()[0]) {
+      throw InvalidArgument("MiniBatches: first dimensions differ: " + to_string(arrays_[0].shape()) + " and " +
+                            to_string(a.shape()));
+    }
+    if (!(a.device() == arrays_[0].device())) {
+      throw DeviceMismatch("MiniBatches: arrays on " + arrays_[0].device().str() + " and " + a.device().str());
+    }
+  }
+  rows_ = arrays_[0].shape()[0];
+  start_epoch(0);
+}
+
+std::int64_t MiniBatches::batches_per_epoch() const noexcept {
+  return drop_last_ ? rows_ / batch_size_ : (rows_ + batch_size_ - 1) / batch_size_;
+}
+
+void MiniBatches::start_epoch(std::int64_t epoch) {
+  const Device dev = arrays_[0].device();
+  order_ = shuffle_ ? nd::permutation(rows_, seed_ + static_cast<std::uint64_t>(epoch), dev)
+                    : nd::arange(0.0, static_cast<double>(rows_), 1.0, DType::kInt64, dev);
+  next_batch_ = 0;
+  ahead_.reset();
+  if (batches_per_epoch() > 0) ahead_ = prepare(0);
+}
+
+std::vector<NDArray> MiniBatches::prepare(std::int64_t b) {
+  const NDArray idx = order_.slice(0, b * batch_size_, std::min(rows_, (b + 1) * batch_size_));
+  std::vector<NDArray> out;
+  out.reserve(arrays_.size());
+  for (const auto& a : arrays_) out.push_back(nd::take(a, idx));
+  return out;
+}
+
+std::optional<std::vector<NDArray>> MiniBatches::next() {
+  if (!ahead_) return std::nullopt;
+  std::optional<std::vector<NDArray>> current = std::move(ahead_);
+  ahead_.reset();
+  ++next_batch_;
+  if (next_batch_ < batches_per_epoch()) ahead_ = prepare(next_batch_);
+  return current;
+}
+
+}  // namespace data
+}  // namespace lazydag

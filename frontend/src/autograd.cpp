@@ -414,6 +414,13 @@ void concat(const std::vector<NDArray>& xs, int axis, const NDArray& out) {
   st(out).autograd = std::move(meta);
 }
 
+void cross_entropy(const NDArray& logits, const NDArray& labels, const NDArray& out) {
+  if (!wanted({&logits})) return;
+  attach("cross_entropy", out, {&logits}, {logits, labels}, [](const NDArray& g, const std::vector<NDArray>& s, auto&) {
+    return std::vector<NDArray>{cross_entropy_backward(g, s[0], s[1])};
+  });
+}
+
 void take(const NDArray& a, const NDArray& indices, const NDArray& out) {
   if (!wanted({&a}) || !is_floating(a.dtype())) return;
   const std::int64_t rows = a.shape()[0];

@@ -6,6 +6,7 @@
 #include "internal.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -260,6 +261,49 @@ NDArray randint(std::int64_t low, std::int64_t high, const Shape& shape, std::ui
 }  // namespace nd
 
 namespace data {
+
+NDArray read_csv(const std::string& path, DType t, Device dev) {
+  std::ifstream f(path);
+  if (!f) throw InvalidArgument("read_csv: cannot open '" + path + "'");
+  std::vector<double> values;
+  std::int64_t cols = -1;
+  std::int64_t rows = 0;
+  std::string line;
+  std::vector<double> row;
+  for (std::int64_t number = 1; std::getline(f, line); ++number) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty()) continue;
+    row.clear();
+    bool numeric = true;
+    std::size_t at = 0;
+    while (at <= line.size()) {
+      const std::size_t end = std::min(line.find(',', at), line.size());
+      const std::string field = line.substr(at, end - at);
+      char* stop = nullptr;
+      const double v = std::strtod(field.c_str(), &stop);
+      if (field.empty() || stop == field.c_str() || (*stop != '\0' && *stop != ' ')) {
+        numeric = false;
+        if (rows > 0 || number > 1) {
+          throw InvalidArgument("read_csv: '" + path + "' line " + std::to_string(number) + ": '" + field +
+                                "' is not a number");
+        }
+        break;
+      }
+      row.push_back(v);
+      at = end + 1;
+    }
+    if (!numeric) continue;  // a header line
+    if (cols < 0) cols = static_cast<std::int64_t>(row.size());
+    if (static_cast<std::int64_t>(row.size()) != cols) {
+      throw InvalidArgument("read_csv: '" + path + "' line " + std::to_string(number) + " has " +
+                            std::to_string(row.size()) + " fields, the first row " + std::to_string(cols));
+    }
+    values.insert(values.end(), row.begin(), row.end());
+    ++rows;
+  }
+  if (rows == 0) throw InvalidArgument("read_csv: '" + path + "' holds no rows");
+  return nd::array(values, {rows, cols}, dev).astype(t);
+}
 
 MiniBatches::MiniBatches(std::vector<NDArray> arrays, std::int64_t batch_size, bool shuffle, std::uint64_t seed,
                          bool drop_last)

@@ -5,6 +5,11 @@
 #include <lazydag/autograd.hpp>
 #include <lazydag/nn.hpp>
 
+#include "autograd_internal.hpp"
+#include "internal.hpp"
+
+#include <cmath>
+
 #include <algorithm>
 #include <string>
 
@@ -33,6 +38,53 @@ void labels_only(const NDArray& labels, const char* op) {
                           std::string(to_string(labels.dtype())));
   }
 }
+
+// Row i of [n, c] logits: its log-sum-exp, stable.
+template <class T>
+double row_lse(const T* x, std::int64_t c) {
+  double m = x[0];
+  for (std::int64_t j = 1; j < c; ++j) m = std::max(m, static_cast<double>(x[j]));
+  double s = 0;
+  for (std::int64_t j = 0; j < c; ++j) s += std::exp(static_cast<double>(x[j]) - m);
+  return m + std::log(s);
+}
+
+std::int64_t label_at(const void* labels, bool i64, std::int64_t i, std::int64_t c) {
+  const std::int64_t l = i64 ? static_cast<const std::int64_t*>(labels)[i] : static_cast<const std::int32_t*>(labels)[i];
+  if (l < 0 || l >= c) {
+    throw InvalidArgument("cross_entropy: label " + std::to_string(l) + " of row " + std::to_string(i) +
+                          " is out of range [0, " + std::to_string(c) + ")");
+  }
+  return l;
+}
+
+// Forward: mean over rows of lse - x[label], accumulated in double.
+template <class T>
+void ce_forward(const std::vector<void*>& p, std::int64_t n, std::int64_t c, bool i64) {
+  const T* x = static_cast<const T*>(p[0]);
+  double total = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const T* row = x + i * c;
+    total += row_lse(row, c) - static_cast<double>(row[label_at(p[1], i64, i, c)]);
+  }
+  *static_cast<T*>(p[2]) = static_cast<T>(n == 0 ? 0.0 : total / static_cast<double>(n));
+}
+
+// Backward: (softmax - one_hot) * g / n.
+template <class T>
+void ce_backward(const std::vector<void*>& p, std::int64_t n, std::int64_t c, bool i64) {
+  const double g = static_cast<double>(*static_cast<const T*>(p[0])) / static_cast<double>(std::max<std::int64_t>(n, 1));
+  const T* x = static_cast<const T*>(p[1]);
+  T* d = static_cast<T*>(p[3]);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const T* row = x + i * c;
+    const double lse = row_lse(row, c);
+    for (std::int64_t j = 0; j < c; ++j) d[i * c + j] = static_cast<T>(std::exp(static_cast<double>(row[j]) - lse) * g);
+    d[i * c + label_at(p[2], i64, i, c)] -= static_cast<T>(g);
+  }
+}
+
+bool host_kernels(const NDArray& a) { return a.device().kind != DeviceKind::kGpu; }
 
 }  // namespace
 
@@ -80,10 +132,41 @@ NDArray cross_entropy(const NDArray& logits, const NDArray& labels) {
     throw DeviceMismatch("cross_entropy: logits on " + logits.device().str() + ", labels on " +
                          labels.device().str());
   }
-  const NDArray target = one_hot(labels, logits.shape()[1], logits.dtype());
-  const double n = static_cast<double>(std::max<std::int64_t>(logits.shape()[0], 1));
-  return -(log_softmax(logits, 1) * target).sum() / n;
+  if (!host_kernels(logits)) {  // a GPU: a composition of elementwise ops
+    const NDArray target = one_hot(labels, logits.shape()[1], logits.dtype());
+    const double n = static_cast<double>(std::max<std::int64_t>(logits.shape()[0], 1));
+    return -(log_softmax(logits, 1) * target).sum() / n;
+  }
+  // One pass over the logits forward and one backward (a fused kernel each).
+  const NDArray x = logits.is_contiguous() ? logits.detach() : logits.detach().copy();
+  const NDArray l = labels.is_contiguous() ? labels : labels.copy();
+  NDArray out = detail::empty({}, logits.dtype(), logits.device(), "cross_entropy");
+  const std::int64_t n = logits.shape()[0], c = logits.shape()[1];
+  const bool f64 = logits.dtype() == DType::kFloat64, i64 = labels.dtype() == DType::kInt64;
+  detail::record_host_kernel("cross_entropy", {x, l}, {out}, [=](const std::vector<void*>& p) {
+    f64 ? ce_forward<double>(p, n, c, i64) : ce_forward<float>(p, n, c, i64);
+  });
+  detail::grad::cross_entropy(logits, l, out);
+  return out;
 }
+
+}  // namespace lazydag::nd
+
+namespace lazydag::detail {
+
+NDArray cross_entropy_backward(const NDArray& g, const NDArray& logits, const NDArray& labels) {
+  NDArray d = empty(logits.shape(), logits.dtype(), logits.device(), "cross_entropy (backward)");
+  const std::int64_t n = logits.shape()[0], c = logits.shape()[1];
+  const bool f64 = logits.dtype() == DType::kFloat64, i64 = labels.dtype() == DType::kInt64;
+  record_host_kernel("cross_entropy (backward)", {g, logits, labels}, {d}, [=](const std::vector<void*>& p) {
+    f64 ? nd::ce_backward<double>(p, n, c, i64) : nd::ce_backward<float>(p, n, c, i64);
+  });
+  return d;
+}
+
+}  // namespace lazydag::detail
+
+namespace lazydag::nd {
 
 NDArray mse_loss(const NDArray& prediction, const NDArray& target) {
   floating_only(prediction, "mse_loss");

@@ -199,6 +199,9 @@ TEST_CASE("softmax, logsumexp and the losses: values and gradients") {
   CHECK(ce == doctest::Approx((nll(2.0, 1.0, 0.1, 2.0) + nll(0.5, 2.5, 0.3, 2.5)) / 2));
   CHECK(nd::one_hot(y, 3).to_vector<float>() == std::vector<float>{1, 0, 0, 0, 1, 0});
   CHECK_THROWS_AS((void)nd::one_hot(logits, 3), InvalidArgument);
+  CHECK_THROWS_AS(nd::cross_entropy(logits, nd::array(std::vector<std::int32_t>{0, 3}, {2})).wait_to_read(), OpError);
+  // float32 logits: the same value, to float precision
+  CHECK(nd::cross_entropy(logits.astype(DType::kFloat32), y).item<float>() == doctest::Approx(ce).epsilon(1e-6));
   CHECK_THROWS_AS((void)nd::cross_entropy(logits, nd::array(std::vector<std::int64_t>{0}, {1})), InvalidArgument);
 }
 

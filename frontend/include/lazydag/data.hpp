@@ -38,6 +38,12 @@ void save_npy(const std::string& path, const NDArray& a,
 
 namespace lazydag::data {
 
+/// A numeric CSV file (comma-separated, no header; a first line that is
+/// not numeric is skipped as a header) as a [rows, columns] array.
+/// InvalidArgument naming the line for a ragged row or a field that is not
+/// a number.
+[[nodiscard]] NDArray read_csv(const std::string& path, DType t = DType::kFloat32, Device dev = default_device());
+
 /// Minibatches over arrays that share their first dimension (features,
 /// labels, ...), all on one device. Each batch is a recorded gather of
 /// rows (nd::take): nothing is copied on the host per batch, and the batch

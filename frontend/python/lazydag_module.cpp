@@ -254,6 +254,22 @@ PYBIND11_MODULE(lazydag, m) {
       .def("__matmul__", [](const NDArray& a, const NDArray& b) { return nd::matmul(a, b); }, py::is_operator())
       .def("__pow__", [](const NDArray& a, double e) { return nd::pow(a, e); }, py::is_operator())
       .def("__pow__", [](const NDArray& a, const NDArray& e) { return nd::pow(a, e); }, py::is_operator());
+  // autograd
+  arr.def("attach_grad", [](NDArray& a) { a.attach_grad(); })
+      .def("requires_grad_", [](NDArray& a, bool on) { a.requires_grad(on); return a; }, py::arg("requires_grad") = true)
+      .def_property_readonly("requires_grad", [](const NDArray& a) { return a.requires_grad(); })
+      .def_property_readonly("is_leaf", &NDArray::is_leaf)
+      .def_property_readonly("grad", [](const NDArray& a) -> py::object {
+        NDArray g = a.grad();
+        if (!g.valid()) return py::none();
+        return py::cast(g);
+      })
+      .def("zero_grad", &NDArray::zero_grad)
+      .def("detach", &NDArray::detach)
+      .def("backward", [](const NDArray& a, const py::object& gradient, bool retain_graph) {
+        a.backward(gradient.is_none() ? NDArray() : gradient.cast<NDArray>(), retain_graph);
+      }, py::arg("gradient") = py::none(), py::arg("retain_graph") = false,
+         "records the gradients of every leaf this array depends on and returns at once");
   arr.attr("__hash__") = py::none();
   arr.attr("__array_priority__") = 1000;  // NumPy defers to our operators
 
@@ -323,4 +339,39 @@ PYBIND11_MODULE(lazydag, m) {
   }, "the process-wide engine's counters");
   m.def("engine_policy", [] { return std::string(engine::to_string(nd::engine().policy())); });
   m.def("num_threads", [] { return nd::engine().num_threads(); });
+
+  // Losses, gathers and files (the training chapter of docs/guide.md).
+  ndm.def("softmax", &nd::softmax, py::arg("x"), py::arg("axis") = -1);
+  ndm.def("log_softmax", &nd::log_softmax, py::arg("x"), py::arg("axis") = -1);
+  ndm.def("logsumexp", &nd::logsumexp, py::arg("x"), py::arg("axis") = -1, py::arg("keepdims") = false);
+  ndm.def("cross_entropy", &nd::cross_entropy, py::arg("logits"), py::arg("labels"));
+  ndm.def("mse_loss", &nd::mse_loss);
+  ndm.def("clip", &nd::clip);
+  ndm.def("take", &nd::take);
+  ndm.def("permutation", [](std::int64_t n, std::uint64_t seed, const py::object& d) {
+    return nd::permutation(n, seed, device_or(d));
+  }, py::arg("n"), py::arg("seed") = 0, py::arg("device") = py::none());
+  ndm.def("save_npy", [](const std::string& path, const NDArray& a) {
+    py::gil_scoped_release nogil;
+    nd::save_npy(path, a);
+  });
+  ndm.def("load_npy", [](const std::string& path, const py::object& d) { return nd::load_npy(path, device_or(d)); },
+          py::arg("path"), py::arg("device") = py::none());
+
+  // Grad mode: `with lazydag.autograd.no_grad(): ...`
+  py::module_ ag = m.def_submodule("autograd", "grad mode, per thread");
+  ag.def("is_grad_enabled", &autograd::is_grad_enabled);
+  ag.def("set_grad_enabled", &autograd::set_grad_enabled);
+  struct NoGrad {
+    bool previous = true;
+  };
+  py::class_<NoGrad>(ag, "no_grad")
+      .def(py::init<>())
+      .def("__enter__", [](NoGrad& g) {
+        g.previous = autograd::is_grad_enabled();
+        autograd::set_grad_enabled(false);
+      })
+      .def("__exit__", [](NoGrad& g, const py::object&, const py::object&, const py::object&) {
+        autograd::set_grad_enabled(g.previous);
+      });
 }

@@ -167,3 +167,70 @@ def test_engine_counts_blocking_calls():
     x.wait_to_read()
     assert lazydag.engine_stats()["blocking_waits"] >= before + 2
     assert lazydag.engine_policy() in ("lazy", "eager", "naive")
+
+
+def test_autograd_mlp_gradients_match_numpy():
+    x, t = rand((8, 5), np.float64, -1, 1), rand((8, 3), np.float64, -1, 1)
+    w1, w2 = rand((5, 4), np.float64, -1, 1), rand((4, 3), np.float64, -1, 1)
+    W1, W2 = nd.array(w1), nd.array(w2)
+    W1.attach_grad()
+    W2.requires_grad_(True)
+    assert W1.requires_grad and W1.is_leaf and W1.grad is None
+    h = nd.tanh(nd.array(x) @ W1)
+    loss = nd.mse_loss(h @ W2, nd.array(t))
+    assert loss.requires_grad and not loss.is_leaf
+    loss.backward()
+    # the same gradients written out in NumPy
+    hn = np.tanh(x @ w1)
+    d_out = 2 * (hn @ w2 - t) / t.size
+    g2 = hn.T @ d_out
+    g1 = x.T @ ((d_out @ w2.T) * (1 - hn ** 2))
+    np.testing.assert_allclose(W2.grad.asnumpy(), g2, rtol=1e-12)
+    np.testing.assert_allclose(W1.grad.asnumpy(), g1, rtol=1e-12)
+    W1.zero_grad()
+    assert W1.grad is None
+
+
+def test_cross_entropy_and_its_gradient_match_numpy():
+    z = rand((6, 4), np.float64, -3, 3)
+    y = np.array([0, 3, 1, 1, 2, 0], dtype=np.int64)
+    Z = nd.array(z)
+    Z.attach_grad()
+    loss = nd.cross_entropy(Z, nd.array(y))
+    p = np.exp(z - z.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    assert loss.item() == pytest.approx(-np.log(p[np.arange(6), y]).mean(), rel=1e-12)
+    loss.backward()
+    want = p.copy()
+    want[np.arange(6), y] -= 1
+    np.testing.assert_allclose(Z.grad.asnumpy(), want / 6, rtol=1e-12, atol=1e-15)
+
+
+def test_no_grad_and_in_place_rules():
+    w = nd.array(np.ones(3, np.float32))
+    w.attach_grad()
+    with lazydag.autograd.no_grad():
+        assert not lazydag.autograd.is_grad_enabled()
+        assert not (w * 2.0).requires_grad
+        w -= 0.5
+    assert lazydag.autograd.is_grad_enabled()
+    with pytest.raises(ValueError):
+        w += 1.0
+    a = nd.array(np.arange(3, dtype=np.float32))
+    loss = (w * a).sum()
+    a += 1.0
+    with pytest.raises(ValueError, match="modified in place"):
+        loss.backward()
+
+
+def test_npy_files_move_to_and_from_numpy(tmp_path):
+    for x in [rand((3, 4)), rand((5,), np.float64), rand((2, 2), np.int64), np.array([True, False]),
+              np.asfortranarray(rand((3, 2), np.float64))]:
+        p = str(tmp_path / "a.npy")
+        np.save(p, x)
+        a = nd.load_npy(p)
+        np.testing.assert_array_equal(a.asnumpy(), x)
+        q = str(tmp_path / "b.npy")
+        nd.save_npy(q, a)
+        np.testing.assert_array_equal(np.load(q), x)
+        assert np.load(q).dtype == x.dtype

@@ -223,6 +223,30 @@ void Engine::push(Function fn, std::span<const Var> reads, std::span<const Var> 
                   const PushOptions& options) {
   impl_->push(std::move(fn), reads, writes, options);
 }
+void Engine::push_async(AsyncFunction fn, std::span<const Var> reads, std::span<const Var> writes,
+                        const PushOptions& options) {
+  impl_->push_async(std::move(fn), reads, writes, options);
+}
+
+Completion& Completion::operator=(Completion&& o) noexcept {
+  if (this != &o) {
+    if (node_ != nullptr) (*this)(std::make_exception_ptr(Error("an asynchronous op's Completion was dropped")));
+    engine_ = o.engine_;
+    node_ = o.node_;
+    o.node_ = nullptr;
+  }
+  return *this;
+}
+Completion::~Completion() {
+  if (node_ != nullptr) (*this)(std::make_exception_ptr(Error("an asynchronous op's Completion was dropped")));
+}
+void Completion::operator()(std::exception_ptr error) noexcept {
+  detail::Node* n = node_;
+  if (n == nullptr) return;
+  node_ = nullptr;
+  engine_->async_done(n, std::move(error));
+}
+
 void Engine::wait_to_read(Var v, const CallSite& site) { impl_->wait_to_read(v, site); }
 void Engine::wait_to_write(Var v, const CallSite& site) { impl_->wait_to_write(v, site); }
 void Engine::waitall(const CallSite& site) { impl_->waitall(site); }

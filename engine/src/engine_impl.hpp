@@ -55,6 +55,8 @@ struct Waiter {
 };
 
 thread_local inline const EngineImpl* tls_running_engine = nullptr;
+// The node whose function this thread is running (push_async's wrapper).
+thread_local inline Node* tls_running_node = nullptr;
 
 // Which newly ready successor a completing thread may run itself next:
 // none (device threads), any (workers, waitall), or only one tagged for the
@@ -75,7 +77,12 @@ class EngineImpl {
   Var new_var(const char* owner = nullptr);
   void delete_var(Var v, bool by_owner = false);
   void push(Function fn, std::span<const Var> reads, std::span<const Var> writes,
-            const PushOptions& options);
+            const PushOptions& options, bool async = false);
+  void push_async(AsyncFunction fn, std::span<const Var> reads, std::span<const Var> writes,
+                  const PushOptions& options);
+  // schedule.cpp: an async node's Completion was called.
+  void async_done(Node* n, std::exception_ptr error) noexcept;
+  static Completion make_completion(EngineImpl* e, Node* n) noexcept { return Completion(e, n); }
   // waits.cpp
   void wait_to_read(Var v, const CallSite& site);
   void wait_to_write(Var v, const CallSite& site);

@@ -80,6 +80,7 @@ struct Node {
   int stream = -1;                    // [imm]
   std::size_t bytes = 0;              // [imm] PushOptions::bytes
   std::uint8_t epoch = 0;             // [imm] waitall epoch parity it is counted in
+  bool async = false;                 // [imm] push_async: done when its Completion is called
   bool requested = false;             // [rec]
   bool in_unrequested = false;        // [rec]
   Node* unreq_prev = nullptr;         // [rec] recorded, not yet requested, in record order
@@ -102,6 +103,9 @@ struct Node {
   std::atomic<NodeState> state{NodeState::kRecorded};
   std::atomic<std::uint32_t> tag{0};      // waiter slot + 1 that runs it first; 0 = none
   std::atomic<std::uint32_t> waiters{0};  // node waits whose target this is
+  // Async nodes: the runner's return and the Completion each arrive once;
+  // the second completes the node (acq_rel: it sees the first's writes).
+  std::atomic<std::uint8_t> async_arrivals{0};
   bool live = false;                      // recorded and not done (`lock`; set before publication)
 
   // Written by the thread that runs (or launches, or completes) the node

@@ -135,8 +135,35 @@ void EngineImpl::request(Node* n) {
   if (n->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) make_ready(n);
 }
 
+void EngineImpl::push_async(AsyncFunction fn, std::span<const Var> reads, std::span<const Var> writes,
+                            const PushOptions& options) {
+  std::string_view name = options.name.empty() ? std::string_view("op") : options.name;
+  if (!fn) throw InvalidArgument("push_async '" + std::string(name) + "': empty function");
+  if (options.device.kind != DeviceKind::kCpu) {
+    throw InvalidArgument("push_async '" + std::string(name) + "': asynchronous nodes run on a CPU device, not " +
+                          options.device.str());
+  }
+  // The wrapper owns the Completion: a throw, or a return that left it in
+  // place, fails the node through it with that reason.
+  push(
+      [this, f = std::move(fn)](const RunContext& ctx) {
+        Completion done = make_completion(this, tls_running_node);
+        try {
+          f(ctx, done);
+        } catch (...) {
+          if (done) done(std::current_exception());
+          return;
+        }
+        if (done) {
+          done(std::make_exception_ptr(
+              Error("an asynchronous op returned without calling or keeping its Completion")));
+        }
+      },
+      reads, writes, options, /*async=*/true);
+}
+
 void EngineImpl::push(Function fn, std::span<const Var> reads, std::span<const Var> writes,
-                      const PushOptions& options) {
+                      const PushOptions& options, bool async) {
   std::string_view name = options.name.empty() ? std::string_view("op") : options.name;
   if (!fn) throw InvalidArgument("push '" + std::string(name) + "': empty function");
   if (options.device.id < 0) {
@@ -189,6 +216,8 @@ void EngineImpl::push(Function fn, std::span<const Var> reads, std::span<const V
   n->bytes = options.bytes;
   n->task.engine = this;
   n->task.node = n;
+  n->async = async;
+  n->async_arrivals.store(0, std::memory_order_relaxed);
   // One for "not yet recorded" (dropped below, after the lock: the node
   // cannot become ready while its edges are still being added) and one for
   // "not yet requested".

@@ -163,7 +163,9 @@ void EngineImpl::run_node(Node* n, int worker) {
 Node* EngineImpl::finish_node(Node* n, Bypass bypass) {
   Node* next = nullptr;
   if (n->sdev == nullptr) {
-    next = complete(n, bypass);
+    // An async node completes on the second arrival: its runner's or its
+    // Completion's, whichever is later.
+    if (!n->async || n->async_arrivals.fetch_add(1, std::memory_order_acq_rel) == 1) next = complete(n, bypass);
   } else if (n->launch_failed) {
     (void)mark_launched(n, Bypass{});
     device_done(n);
@@ -173,6 +175,22 @@ Node* EngineImpl::finish_node(Node* n, Bypass bypass) {
   }
   pool_.release(n);
   return next;
+}
+
+// An async node's Completion: its outcome, then its arrival (any thread;
+// the Completion holds no ref, the node's own is held until it completes).
+void EngineImpl::async_done(Node* n, std::exception_ptr error) noexcept {
+  ErrorPtr err;
+  if (error) {
+    try {
+      err = std::make_shared<ErrorRecord>(n->name, std::move(error), n->seq);
+    } catch (...) {  // out of memory: the node still completes
+    }
+  }
+  for (VarState* v : n->writes) v->poison = err;
+  n->failed = err != nullptr;
+  n->error = std::move(err);
+  if (n->async_arrivals.fetch_add(1, std::memory_order_acq_rel) == 1) (void)complete(n, Bypass{});
 }
 
 // `s` has just become ready on this thread: keep it as the bypass node when
@@ -211,15 +229,32 @@ void EngineImpl::execute(Node* n, const RunContext& ctx) {
   }
   if (!err) {
     range_push(n->name.c_str());
+    Node* const outer_node = tls_running_node;
+    tls_running_node = n;
     try {
       n->fn(ctx);
     } catch (...) {
       err = std::make_shared<ErrorRecord>(n->name, std::current_exception(), n->seq);
       failed = true;
     }
+    tls_running_node = outer_node;
     range_pop();
+  } else if (n->async) {
+    // Skipped: nothing started, so nothing will call a Completion.
+    n->async_arrivals.fetch_add(1, std::memory_order_acq_rel);
   }
   if (profiling) n->t_end = profiler::detail::now_ns();
+  if (n->async && !err) {
+    // Started: async_done sets the outcome (maybe already has, on another
+    // thread); the runner touches none of it.
+    if (ctx.worker_index >= 0) {
+      bury(n);
+    } else {
+      n->fn.reset();
+    }
+    tls_running_engine = outer;
+    return;
+  }
   for (VarState* v : n->writes) v->poison = err;  // a successful write clears it
   if (ctx.worker_index >= 0 || ctx.stream_device != nullptr) {
     bury(n);  // a worker or device thread: the frontend destroys the captures

@@ -5,6 +5,8 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <source_location>
@@ -163,7 +165,38 @@ struct PendingNode {
 
 namespace detail {
 class EngineImpl;
-}
+struct Node;
+}  // namespace detail
+
+/// Finishes a node recorded by Engine::push_async: the node is done (its
+/// writes visible to later nodes and waits) only once this is called, from
+/// any thread. Move-only; call it once. One destroyed without being called
+/// fails its node ("dropped"), so nothing waits forever on a lost handle.
+class Completion {
+ public:
+  Completion() noexcept = default;
+  Completion(Completion&& o) noexcept : engine_(o.engine_), node_(o.node_) { o.node_ = nullptr; }
+  Completion& operator=(Completion&& o) noexcept;
+  Completion(const Completion&) = delete;
+  Completion& operator=(const Completion&) = delete;
+  ~Completion();
+  /// Marks the node done; with an error, failed (its writes are poisoned
+  /// and waits that read them throw OpError naming the node).
+  void operator()(std::exception_ptr error = nullptr) noexcept;
+  /// Still to be called.
+  explicit operator bool() const noexcept { return node_ != nullptr; }
+
+ private:
+  friend class detail::EngineImpl;
+  Completion(detail::EngineImpl* e, detail::Node* n) noexcept : engine_(e), node_(n) {}
+  detail::EngineImpl* engine_ = nullptr;
+  detail::Node* node_ = nullptr;
+};
+
+/// The function of an asynchronous node: starts the work and returns; the
+/// work calls (or a thread it hands `done` to calls) done() when it ends.
+/// Leaving `done` in place and returning, or throwing, fails the node.
+using AsyncFunction = std::function<void(const RunContext&, Completion& done)>;
 
 /// A dependency engine. All member functions are thread-safe and may be
 /// called from several frontend threads at once. Waits may not be called
@@ -210,6 +243,18 @@ class Engine {
             const PushOptions& options = {}) {
     push(std::move(fn), std::span<const Var>(reads.begin(), reads.size()),
          std::span<const Var>(writes.begin(), writes.size()), options);
+  }
+
+  /// As push, for work that ends later than its function returns (a
+  /// non-blocking MPI call, an I/O request): `fn` starts it on a CPU worker
+  /// and the node is done when the Completion it is given is called. No
+  /// worker waits for it meanwhile. CPU devices only (InvalidArgument).
+  void push_async(AsyncFunction fn, std::span<const Var> reads, std::span<const Var> writes,
+                  const PushOptions& options = {});
+  void push_async(AsyncFunction fn, std::initializer_list<Var> reads, std::initializer_list<Var> writes,
+                  const PushOptions& options = {}) {
+    push_async(std::move(fn), std::span<const Var>(reads.begin(), reads.size()),
+               std::span<const Var>(writes.begin(), writes.size()), options);
   }
 
   /// Blocks until the last write of `v` recorded so far is done, running

@@ -292,7 +292,7 @@ void CudaDevice::launch(int stream, std::span<const StreamEvent> waits, StreamTa
     std::lock_guard lk(done_mu_);
     pending_[static_cast<std::size_t>(stream)].push_back(p);
   }
-  task.run(RunContext{device(), s, -1, stream, this});
+  task.run(RunContext{device(), s, -1, stream, this, {}});
   // From here the node has run: failures are reported through completion.
   cudaError_t err = p.t1 != nullptr ? cudaEventRecord(p.t1, s) : cudaSuccess;
   if (err == cudaSuccess) err = cudaEventRecord(e, s);

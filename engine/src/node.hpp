@@ -81,6 +81,7 @@ struct Node {
   std::size_t bytes = 0;              // [imm] PushOptions::bytes
   std::uint8_t epoch = 0;             // [imm] waitall epoch parity it is counted in
   bool async = false;                 // [imm] push_async: done when its Completion is called
+  bool run_on_failed_input = false;   // [imm] PushOptions::run_on_failed_input
   bool requested = false;             // [rec]
   bool in_unrequested = false;        // [rec]
   Node* unreq_prev = nullptr;         // [rec] recorded, not yet requested, in record order

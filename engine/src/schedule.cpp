@@ -151,7 +151,7 @@ void EngineImpl::run_chain(Node* n, int worker, Bypass bypass) {
 
 void EngineImpl::run_node(Node* n, int worker) {
   if (n->sdev == nullptr) {
-    execute(n, RunContext{n->device, nullptr, worker, -1, nullptr});
+    execute(n, RunContext{n->device, nullptr, worker, -1, nullptr, {}});
   } else {
     launch(n);
   }
@@ -227,12 +227,19 @@ void EngineImpl::execute(Node* n, const RunContext& ctx) {
     n->t_start = profiler::detail::now_ns();
     n->worker = ctx.worker_index;
   }
-  if (!err) {
+  if (!err || n->run_on_failed_input) {
     range_push(n->name.c_str());
     Node* const outer_node = tls_running_node;
     tls_running_node = n;
     try {
-      n->fn(ctx);
+      if (err) {
+        RunContext with_cause = ctx;
+        with_cause.failed_input = err->cause;
+        n->fn(with_cause);
+        if (n->async) err = nullptr;  // its Completion reports the outcome
+      } else {
+        n->fn(ctx);
+      }
     } catch (...) {
       err = std::make_shared<ErrorRecord>(n->name, std::current_exception(), n->seq);
       failed = true;

@@ -89,7 +89,7 @@ void SimDevice::executor(Stream& s) {
     const bool timed = profiler::detail::on();
     DeviceInterval ran;
     if (timed) ran.start_ns = profiler::detail::now_ns();
-    item.task->run(RunContext{device(), &s, -1, s.index, this});
+    item.task->run(RunContext{device(), &s, -1, s.index, this, {}});
     if (timed) ran.end_ns = profiler::detail::now_ns();
     s.completed.store(item.ticket, std::memory_order_release);
     s.completed.notify_all();

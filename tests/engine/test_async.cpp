@@ -181,3 +181,44 @@ TEST_CASE("async stress: chains through async nodes completed in random order ma
     }
   }
 }
+
+TEST_CASE("run_on_failed_input: the node runs, told why, and its writes carry the failure" * doctest::timeout(120)) {
+  for (const auto& cfg : all_configs()) {
+    CAPTURE(cfg.str());
+    engine::Engine eng(cfg.options());
+    const engine::Var bad = eng.new_var();
+    eng.push([](const engine::RunContext&) { throw InvalidArgument("the producer failed"); }, {}, {bad});
+    engine::PushOptions o;
+    o.run_on_failed_input = true;
+    o.name = "collective";
+    std::atomic<int> ran{0};
+    std::string cause;
+    const engine::Var out = eng.new_var();
+    eng.push_async(
+        [&](const engine::RunContext& ctx, engine::Completion& done) {
+          ++ran;
+          try {
+            if (ctx.failed_input) std::rethrow_exception(ctx.failed_input);
+          } catch (const std::exception& e) {
+            cause = e.what();
+          }
+          done(ctx.failed_input);  // took part, then reports the input's failure
+        },
+        {bad}, {out}, o);
+    const engine::Var out2 = eng.new_var();
+    eng.push([&](const engine::RunContext& ctx) { ran += ctx.failed_input ? 10 : 100; }, {bad}, {out2}, o);
+    try {
+      eng.wait_to_read(out);
+      FAIL("the failure did not reach the output");
+    } catch (const OpError& e) {
+      CHECK(std::string(e.what()).find("the producer failed") != std::string::npos);
+    }
+    CHECK_THROWS_AS(eng.wait_to_read(out2), OpError);
+    CHECK(ran == 11);
+    CHECK(cause.find("the producer failed") != std::string::npos);
+    try {
+      eng.waitall();
+    } catch (const OpError&) {
+    }
+  }
+}

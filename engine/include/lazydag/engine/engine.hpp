@@ -75,6 +75,10 @@ struct RunContext {
   int worker_index = -1;   ///< CPU engine worker running the node; -1 elsewhere
   int stream_index = -1;   ///< the node's stream on a stream device; -1 on the CPU
   StreamDevice* stream_device = nullptr;  ///< the node's stream device; null on the CPU
+  /// Nodes pushed with PushOptions::run_on_failed_input: why an input
+  /// failed (the node runs anyway, and its writes fail with this error
+  /// unless it is an async node, whose Completion decides); null otherwise.
+  std::exception_ptr failed_input;
 };
 
 /// Per-node options for push().
@@ -89,6 +93,10 @@ struct PushOptions {
   /// Stream devices only: device memory the node brings into flight (counted
   /// against EngineOptions::max_in_flight_bytes).
   std::size_t bytes = 0;
+  /// CPU nodes: run even when an input failed (RunContext::failed_input says
+  /// why) instead of being skipped. For work other processes take part in,
+  /// such as a collective, which must be issued on every rank.
+  bool run_on_failed_input = false;
 };
 
 /// Engine construction options. from_env() reads LAZYDAG_ENGINE

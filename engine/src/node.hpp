@@ -82,6 +82,7 @@ struct Node {
   std::uint8_t epoch = 0;             // [imm] waitall epoch parity it is counted in
   bool async = false;                 // [imm] push_async: done when its Completion is called
   bool run_on_failed_input = false;   // [imm] PushOptions::run_on_failed_input
+  bool async_started = false;         // by its runner, before arriving: the function ran
   bool requested = false;             // [rec]
   bool in_unrequested = false;        // [rec]
   Node* unreq_prev = nullptr;         // [rec] recorded, not yet requested, in record order

@@ -217,6 +217,7 @@ void EngineImpl::push(Function fn, std::span<const Var> reads, std::span<const V
   n->task.engine = this;
   n->task.node = n;
   n->async = async;
+  n->async_started = false;
   n->run_on_failed_input = options.run_on_failed_input && sdev == nullptr;
   n->async_arrivals.store(0, std::memory_order_relaxed);
   // One for "not yet recorded" (dropped below, after the lock: the node

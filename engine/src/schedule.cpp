@@ -165,7 +165,12 @@ Node* EngineImpl::finish_node(Node* n, Bypass bypass) {
   if (n->sdev == nullptr) {
     // An async node completes on the second arrival: its runner's or its
     // Completion's, whichever is later.
-    if (!n->async || n->async_arrivals.fetch_add(1, std::memory_order_acq_rel) == 1) next = complete(n, bypass);
+    if (!n->async) {
+      next = complete(n, bypass);
+    } else if (n->async_arrivals.fetch_add(1, std::memory_order_acq_rel) == 1) {
+      if (n->async_started) bury(n);  // its Completion came first; its function may go now
+      next = complete(n, bypass);
+    }
   } else if (n->launch_failed) {
     (void)mark_launched(n, Bypass{});
     device_done(n);
@@ -190,7 +195,10 @@ void EngineImpl::async_done(Node* n, std::exception_ptr error) noexcept {
   for (VarState* v : n->writes) v->poison = err;
   n->failed = err != nullptr;
   n->error = std::move(err);
-  if (n->async_arrivals.fetch_add(1, std::memory_order_acq_rel) == 1) (void)complete(n, Bypass{});
+  if (n->async_arrivals.fetch_add(1, std::memory_order_acq_rel) == 1) {
+    bury(n);  // the runner has returned: its function may go (by a frontend thread)
+    (void)complete(n, Bypass{});
+  }
 }
 
 // `s` has just become ready on this thread: keep it as the bypass node when
@@ -252,13 +260,10 @@ void EngineImpl::execute(Node* n, const RunContext& ctx) {
   }
   if (profiling) n->t_end = profiler::detail::now_ns();
   if (n->async && !err) {
+    n->async_started = true;
     // Started: async_done sets the outcome (maybe already has, on another
-    // thread); the runner touches none of it.
-    if (ctx.worker_index >= 0) {
-      bury(n);
-    } else {
-      n->fn.reset();
-    }
+    // thread); the runner touches none of it. The function, whose captures
+    // the started work may still use, is destroyed at completion.
     tls_running_engine = outer;
     return;
   }

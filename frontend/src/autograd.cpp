@@ -51,6 +51,7 @@ struct AutogradMeta {
   std::shared_ptr<GradNode> grad_fn;  // null: a leaf
   std::mutex lock;                    // a leaf's gradient
   NDArray grad;
+  std::function<void()> hook;         // after each accumulation (set_grad_hook)
 };
 
 namespace {
@@ -136,12 +137,17 @@ NDArray mask(const NDArray& cond, DType t) { return cond.astype(t); }
 // kept as it is; one shared (the same array given to two inputs, or the
 // caller's) is copied, so no two leaves share a gradient buffer.
 void accumulate(AutogradMeta& leaf, const NDArray& g) {
-  std::lock_guard lock(leaf.lock);
-  if (!leaf.grad.valid()) {
-    leaf.grad = Access::use_count(g) == 1 ? g : g.copy();
-  } else {
-    leaf.grad = leaf.grad + g;
+  std::function<void()> hook;
+  {
+    std::lock_guard lock(leaf.lock);
+    if (!leaf.grad.valid()) {
+      leaf.grad = Access::use_count(g) == 1 ? g : g.copy();
+    } else {
+      leaf.grad = leaf.grad + g;
+    }
+    hook = leaf.hook;
   }
+  if (hook) hook();
 }
 
 }  // namespace
@@ -429,6 +435,13 @@ void take(const NDArray& a, const NDArray& indices, const NDArray& out) {
   });
 }
 
+void set_grad_hook_impl(const NDArray& leaf, std::function<void()> hook) {
+  const ArrayState& s = st(leaf);
+  if (!s.autograd || s.autograd->grad_fn) throw InvalidArgument("grad hook: not a leaf that requires grad");
+  std::lock_guard lock(s.autograd->lock);
+  s.autograd->hook = std::move(hook);
+}
+
 void check_inplace(const NDArray& target, const char* op) {
   if (!autograd::is_grad_enabled()) return;
   const ArrayState& s = st(target);
@@ -444,6 +457,16 @@ void check_inplace(const NDArray& target, const char* op) {
 }
 
 }  // namespace grad
+
+void set_grad_hook(const NDArray& leaf, std::function<void()> hook) { grad::set_grad_hook_impl(leaf, std::move(hook)); }
+
+void replace_grad(const NDArray& leaf, NDArray g) {
+  const ArrayState& s = st(leaf);
+  if (!s.autograd || s.autograd->grad_fn) throw InvalidArgument("replace_grad: not a leaf that requires grad");
+  std::lock_guard lock(s.autograd->lock);
+  s.autograd->grad = std::move(g);
+}
+
 }  // namespace detail
 
 using detail::Access;

@@ -9,6 +9,7 @@
 #include <lazydag/ops/kernels.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <vector>
 
@@ -42,6 +43,11 @@ void check_inplace(const NDArray& target, const char* op);
 }  // namespace lazydag::detail::grad
 
 namespace lazydag::detail {
+/// Called after each backward() adds to the leaf's gradient (on the thread
+/// in backward(), grad mode off); an empty function removes it.
+void set_grad_hook(const NDArray& leaf, std::function<void()> hook);
+/// Replaces a leaf's gradient (what a gradient all-reduce produced).
+void replace_grad(const NDArray& leaf, NDArray g);
 /// A zero array of `rows` rows plus g's trailing shape, with g's rows added
 /// at `indices` (the derivative of take; data.cpp).
 [[nodiscard]] NDArray scatter_add_rows(const NDArray& g, const NDArray& indices, std::int64_t rows);

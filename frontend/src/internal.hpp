@@ -48,4 +48,12 @@ namespace lazydag::detail {
 void record_host_kernel(const char* name, const std::vector<NDArray>& reads, const std::vector<NDArray>& writes,
                         std::function<void(const std::vector<void*>&)> kernel);
 
+/// The same as an async node on a CPU device (Engine::push_async): `start`
+/// gets the pointers, the run context and the node's Completion. With
+/// run_on_failed_input it starts even when an input failed.
+void record_host_async(const std::string& name, const std::vector<NDArray>& reads,
+                       const std::vector<NDArray>& writes,
+                       std::function<void(const std::vector<void*>&, const engine::RunContext&, engine::Completion&)> start,
+                       bool run_on_failed_input);
+
 }  // namespace lazydag::detail

@@ -807,6 +807,40 @@ NDArray make_array(const void* data, std::size_t count, DType t, const Shape& sh
   return Access::wrap(out);
 }
 
+void record_host_async(const std::string& name, const std::vector<NDArray>& reads,
+                       const std::vector<NDArray>& writes,
+                       std::function<void(const std::vector<void*>&, const engine::RunContext&, engine::Completion&)> start,
+                       bool run_on_failed_input) {
+  std::vector<StatePtr> all;
+  for (const auto& a : reads) all.push_back(Access::state(a, name.c_str()));
+  for (const auto& a : writes) all.push_back(Access::state(a, name.c_str()));
+  for (const auto& a : all) {
+    if (a->storage->device.is_stream_device()) {
+      throw InvalidArgument(name + ": an asynchronous host op needs CPU arrays, not " + a->storage->device.str());
+    }
+    if (!contiguous(*a)) throw InvalidArgument(name + ": needs contiguous arrays");
+  }
+  std::vector<engine::Var> read_vars;
+  std::vector<engine::Var> write_vars;
+  for (const auto& a : reads) read_vars.push_back(Access::state(a, name.c_str())->storage->var);
+  for (const auto& a : writes) write_vars.push_back(Access::state(a, name.c_str())->storage->var);
+  engine::PushOptions o;
+  o.device = all.empty() ? cpu() : all[0]->storage->device;
+  o.name = name;
+  o.run_on_failed_input = run_on_failed_input;
+  nd::engine().push_async(
+      [all = std::move(all), start = std::move(start)](const engine::RunContext& ctx, engine::Completion& done) {
+        std::vector<void*> ptrs;
+        ptrs.reserve(all.size());
+        for (const auto& a : all) {
+          ptrs.push_back(static_cast<unsigned char*>(a->storage->data) +
+                         static_cast<std::size_t>(a->offset) * size_of(a->dtype));
+        }
+        start(ptrs, ctx, done);
+      },
+      read_vars, write_vars, o);
+}
+
 NDArray empty(const Shape& shape, DType t, Device dev, const char* op) {
   return Access::wrap(new_array(shape, t, dev, op));
 }

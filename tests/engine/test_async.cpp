@@ -160,6 +160,7 @@ TEST_CASE("async stress: chains through async nodes completed in random order ma
       Completer completer(seed);
       std::vector<engine::Var> vars;
       std::vector<std::uint64_t> cells(kVars, 0), want(kVars, 0);
+      std::atomic<int> lost_captures{0};
       for (int i = 0; i < kVars; ++i) vars.push_back(eng.new_var());
       std::mt19937 rng(seed);
       for (int op = 0; op < kOps; ++op) {
@@ -168,8 +169,15 @@ TEST_CASE("async stress: chains through async nodes completed in random order ma
         want[w] = mix(want[w], want[r] + static_cast<std::uint64_t>(op));
         auto work = [&cells, r, w, op] { cells[w] = mix(cells[w], cells[r] + static_cast<std::uint64_t>(op)); };
         if (rng() % 2 == 0) {
-          eng.push_async([&completer, work](const engine::RunContext&, engine::Completion& done) {
-            completer.give(std::move(done), work);
+          // The function's captures live until the node completes: the
+          // started work may still use them.
+          auto capture = std::make_shared<int>(op);
+          eng.push_async([&completer, &lost_captures, work, capture](const engine::RunContext&, engine::Completion& done) {
+            std::weak_ptr<int> alive = capture;
+            completer.give(std::move(done), [work, alive, &lost_captures] {
+              if (alive.expired()) ++lost_captures;
+              work();
+            });
           }, {vars[r]}, {vars[w]});
         } else {
           eng.push([work](const engine::RunContext&) { work(); }, {vars[r]}, {vars[w]});
@@ -178,6 +186,7 @@ TEST_CASE("async stress: chains through async nodes completed in random order ma
       }
       eng.waitall();
       CHECK(cells == want);
+      CHECK(lost_captures == 0);
     }
   }
 }

@@ -203,7 +203,9 @@ class Completion {
 
 /// The function of an asynchronous node: starts the work and returns; the
 /// work calls (or a thread it hands `done` to calls) done() when it ends.
-/// Leaving `done` in place and returning, or throwing, fails the node.
+/// Leaving `done` in place and returning, or throwing, fails the node. The
+/// function object, and so everything it captured, lives until the node
+/// completes: the started work may use its captures.
 using AsyncFunction = std::function<void(const RunContext&, Completion& done)>;
 
 /// A dependency engine. All member functions are thread-safe and may be

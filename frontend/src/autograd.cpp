@@ -348,7 +348,9 @@ void same_values(const char* name, const NDArray& x, const NDArray& out) {
   const Shape shape = x.shape();
   attach(name, out, {&x}, {}, [t, dev, shape](const NDArray& g, auto&, auto&) {
     NDArray r = as_dtype(g, t).as_in_device(dev);
-    return std::vector<NDArray>{fit(r, shape)};
+    // reshape (and a broadcast that only added length-1 axes) keeps the
+    // element count: the gradient is reshaped back; a broadcast is summed.
+    return std::vector<NDArray>{r.size() == numel(shape) ? r.reshape(shape) : fit(r, shape)};
   });
 }
 

@@ -43,7 +43,7 @@ void send(const NDArray&, int, int) { unavailable(); }
 NDArray recv(const Shape&, DType, int, int, Device) { unavailable(); }
 void barrier() { unavailable(); }
 struct DataParallel::State {};
-DataParallel::DataParallel(nn::Module&, std::size_t) { unavailable(); }
+DataParallel::DataParallel(nn::Module&, std::size_t, bool) { unavailable(); }
 DataParallel::~DataParallel() = default;
 void DataParallel::synchronize() { unavailable(); }
 std::size_t DataParallel::num_buckets() const noexcept { return 0; }
@@ -360,7 +360,8 @@ struct DataParallel::State {
     }
     seen[i] = true;
     Bucket& b = buckets[bucket_of[i]];
-    if (++b.ready == b.params.size()) fire(b);
+    if (++b.ready != b.params.size() || !overlap) return;
+    fire(b);
     bool all = true;
     for (const auto& x : buckets) all = all && x.fired;
     if (all) reset();
@@ -376,11 +377,14 @@ struct DataParallel::State {
 
   std::vector<bool> seen;
   bool late = false;
+  bool overlap = true;
 };
 
-DataParallel::DataParallel(nn::Module& model, std::size_t bucket_bytes) : state_(std::make_shared<State>()) {
+DataParallel::DataParallel(nn::Module& model, std::size_t bucket_bytes, bool overlap)
+    : state_(std::make_shared<State>()) {
   init();
   State& s = *state_;
+  s.overlap = overlap;
   s.params = model.parameters();
   if (s.params.empty()) throw InvalidArgument("DataParallel: the model has no parameters");
   {

@@ -112,6 +112,87 @@ NDArray softmax(const NDArray& x, int axis) {
   return e / e.sum(axis, true);
 }
 
+NDArray unsqueeze(const NDArray& a, int axis) {
+  const int rank = a.ndim() + 1;
+  if (axis < -rank || axis >= rank) {
+    throw InvalidArgument("unsqueeze: axis " + std::to_string(axis) + " is out of range for " +
+                          std::to_string(rank) + " dimensions");
+  }
+  if (axis < 0) axis += rank;
+  Shape s = a.shape();
+  s.insert(s.begin() + axis, 1);
+  return a.reshape(s);
+}
+
+NDArray squeeze(const NDArray& a, int axis) {
+  axis = normalized(axis, a.ndim(), "squeeze");
+  if (a.shape()[static_cast<std::size_t>(axis)] != 1) {
+    throw InvalidArgument("squeeze: axis " + std::to_string(axis) + " of shape " + to_string(a.shape()) +
+                          " has length " + std::to_string(a.shape()[static_cast<std::size_t>(axis)]) + ", not 1");
+  }
+  Shape s = a.shape();
+  s.erase(s.begin() + axis);
+  return a.reshape(s);
+}
+
+NDArray stack(const std::vector<NDArray>& arrays, int axis) {
+  if (arrays.empty()) throw InvalidArgument("stack: no arrays given");
+  std::vector<NDArray> parts;
+  for (const auto& a : arrays) {
+    if (a.shape() != arrays[0].shape()) {
+      throw InvalidArgument("stack: shapes " + to_string(arrays[0].shape()) + " and " + to_string(a.shape()) +
+                            " differ");
+    }
+    parts.push_back(unsqueeze(a, axis));
+  }
+  return concat(parts, axis < 0 ? axis + arrays[0].ndim() + 1 : axis);
+}
+
+namespace {
+// The axes normalised, checked distinct, in decreasing order (so reducing
+// one does not renumber the others).
+std::vector<int> axes_down(const NDArray& a, const std::vector<int>& axes, const char* op) {
+  std::vector<int> v;
+  for (int ax : axes) {
+    const int n = normalized(ax, a.ndim(), op);
+    if (std::find(v.begin(), v.end(), n) != v.end()) {
+      throw InvalidArgument(std::string(op) + ": axis " + std::to_string(ax) + " given twice");
+    }
+    v.push_back(n);
+  }
+  std::sort(v.rbegin(), v.rend());
+  return v;
+}
+}  // namespace
+
+NDArray sum(const NDArray& a0, const std::vector<int>& axes, bool keepdims) {
+  NDArray a = a0.dtype() == DType::kBool ? a0.astype(DType::kInt64) : a0;
+  for (int ax : axes_down(a, axes, "sum")) a = a.sum(ax, keepdims);
+  return a;
+}
+
+NDArray mean(const NDArray& a, const std::vector<int>& axes, bool keepdims) {
+  const auto down = axes_down(a, axes, "mean");
+  double count = 1;
+  for (int ax : down) count *= static_cast<double>(a.shape()[static_cast<std::size_t>(ax)]);
+  NDArray s = sum(is_floating(a.dtype()) ? a : a.astype(DType::kFloat64), axes, keepdims);
+  return s / count;
+}
+
+NDArray var(const NDArray& a, int axis, int ddof, bool keepdims) {
+  floating_only(a, "var");
+  axis = normalized(axis, a.ndim(), "var");
+  const double n = static_cast<double>(a.shape()[static_cast<std::size_t>(axis)]);
+  if (ddof < 0 || n - ddof <= 0) {
+    throw InvalidArgument("var: ddof " + std::to_string(ddof) + " leaves no degrees of freedom for " +
+                          std::to_string(static_cast<std::int64_t>(n)) + " elements");
+  }
+  const NDArray d = a - a.mean(axis, true);
+  return (d * d).sum(axis, keepdims) / (n - ddof);
+}
+
+NDArray std(const NDArray& a, int axis, int ddof, bool keepdims) { return sqrt(var(a, axis, ddof, keepdims)); }
+
 NDArray one_hot(const NDArray& labels, std::int64_t classes, DType t) {
   labels_only(labels, "one_hot");
   if (classes <= 0) throw InvalidArgument("one_hot: classes must be positive, got " + std::to_string(classes));

@@ -371,3 +371,32 @@ TEST_CASE("backward returns before the gradients are computed") {
   open.store(true, std::memory_order_release);
   CHECK(w.grad().to_vector<double>() == std::vector<double>{2, 4});
 }
+
+TEST_CASE("stack, squeeze, unsqueeze, multi-axis sums, var and std: values and gradients") {
+  check_gradient("stack", [](auto& x) { return nd::stack({x[0], x[1] * 2.0}, 1); }, {{{2, 3}}, {{2, 3}}});
+  check_gradient("unsqueeze", [](auto& x) { return nd::unsqueeze(x[0], -1) * x[1]; }, {{{3}}, {{1, 2}}});
+  check_gradient("squeeze", [](auto& x) { return nd::exp(nd::squeeze(x[0], 1)); }, {{{3, 1, 2}}});
+  check_gradient("sum axes", [](auto& x) { return nd::sum(x[0], {0, 2}); }, {{{2, 3, 4}}});
+  check_gradient("mean axes", [](auto& x) { return nd::mean(x[0], {-1, 0}, true); }, {{{2, 3, 4}}});
+  check_gradient("var", [](auto& x) { return nd::var(x[0], 1, 1); }, {{{3, 5}}});
+  check_gradient("std", [](auto& x) { return nd::std(x[0], 0); }, {{{4, 2}}});
+
+  const std::vector<double> v = {1, 2, 4, 7, 11, 16};
+  const NDArray a = nd::array(v, {2, 3});
+  CHECK(nd::stack({a, a}, 0).shape() == Shape{2, 2, 3});
+  CHECK(nd::stack({a, a}, -1).shape() == Shape{2, 3, 2});
+  CHECK(nd::squeeze(nd::unsqueeze(a, 0), 0).shape() == a.shape());
+  CHECK_THROWS_AS((void)nd::squeeze(a, 0), InvalidArgument);
+  CHECK_THROWS_AS((void)nd::stack({a, a.transpose()}), InvalidArgument);
+  CHECK_THROWS_AS((void)nd::sum(a, {1, -1}), InvalidArgument);
+  CHECK(nd::sum(a, {0, 1}).item<double>() == 41.0);
+  CHECK(nd::sum(a > 3.0, {0, 1}).item<std::int64_t>() == 4);
+  // NumPy: np.var([1, 2, 4], ddof=1) = 2.3333..., np.std([[1,2,4],[7,11,16]], axis=0)
+  const auto var1 = nd::var(a, 1, 1).to_vector<double>();
+  CHECK(var1[0] == doctest::Approx(7.0 / 3.0));
+  CHECK(var1[1] == doctest::Approx(61.0 / 3.0));
+  const auto sd = nd::std(a, 0).to_vector<double>();
+  CHECK(sd[0] == doctest::Approx(3.0));
+  CHECK(sd[2] == doctest::Approx(6.0));
+  CHECK_THROWS_AS((void)nd::var(a, 1, 3), InvalidArgument);
+}

@@ -58,7 +58,9 @@ void barrier();
 /// the same model code on its own shard of each batch.
 class DataParallel {
  public:
-  explicit DataParallel(nn::Module& model, std::size_t bucket_bytes = std::size_t{1} << 20);
+  /// overlap = false: buckets are averaged only by synchronize(), after
+  /// backward() (for measuring what the overlap gains).
+  explicit DataParallel(nn::Module& model, std::size_t bucket_bytes = std::size_t{1} << 20, bool overlap = true);
   ~DataParallel();
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;

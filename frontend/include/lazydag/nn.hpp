@@ -20,6 +20,22 @@ namespace lazydag::nd {
 /// Mean over the batch of -log_softmax(logits)[i, labels[i]]: logits of
 /// shape [N, C] (float), labels of shape [N] (int32 or int64).
 [[nodiscard]] NDArray cross_entropy(const NDArray& logits, const NDArray& labels);
+/// `a` with a length-1 axis inserted at `axis` (-1: last); a view.
+[[nodiscard]] NDArray unsqueeze(const NDArray& a, int axis);
+/// `a` without its length-1 axis `axis`; a view. InvalidArgument when that
+/// axis is not of length 1.
+[[nodiscard]] NDArray squeeze(const NDArray& a, int axis);
+/// Equally shaped arrays joined along a new axis.
+[[nodiscard]] NDArray stack(const std::vector<NDArray>& arrays, int axis = 0);
+/// Sum / mean over several axes (each once, any order). A bool array's sum
+/// counts its true elements (int64).
+[[nodiscard]] NDArray sum(const NDArray& a, const std::vector<int>& axes, bool keepdims = false);
+[[nodiscard]] NDArray mean(const NDArray& a, const std::vector<int>& axes, bool keepdims = false);
+/// Variance and standard deviation along `axis` with `ddof` delta degrees
+/// of freedom (NumPy's), float arrays.
+[[nodiscard]] NDArray var(const NDArray& a, int axis, int ddof = 0, bool keepdims = false);
+[[nodiscard]] NDArray std(const NDArray& a, int axis, int ddof = 0, bool keepdims = false);
+
 /// Mean of (prediction - target)^2 over every element.
 [[nodiscard]] NDArray mse_loss(const NDArray& prediction, const NDArray& target);
 

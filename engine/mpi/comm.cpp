@@ -155,7 +155,7 @@ void Comm::loop() {
       // Polling drives MPI's progress, but on a small machine it competes
       // with the workers for a core: spin briefly, then poll every 20 us
       // (a post wakes the thread at once).
-      if (++idle_polls < 64) {
+      if (++idle_polls < 4096) {
         std::this_thread::yield();
       } else {
         std::unique_lock lk(mu_);

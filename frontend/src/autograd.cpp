@@ -429,6 +429,14 @@ void cross_entropy(const NDArray& logits, const NDArray& labels, const NDArray& 
   });
 }
 
+void take_along_last(const NDArray& a, const NDArray& indices, const NDArray& out) {
+  if (!wanted({&a}) || !is_floating(a.dtype())) return;
+  const Shape shape = a.shape();
+  attach("take_along_last", out, {&a}, {indices}, [shape](const NDArray& g, const std::vector<NDArray>& s, auto&) {
+    return std::vector<NDArray>{scatter_add_last(g, s[0], shape)};
+  });
+}
+
 void take(const NDArray& a, const NDArray& indices, const NDArray& out) {
   if (!wanted({&a}) || !is_floating(a.dtype())) return;
   const std::int64_t rows = a.shape()[0];

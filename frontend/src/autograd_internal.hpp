@@ -33,6 +33,8 @@ void matmul(const NDArray& a, const NDArray& b, const NDArray& out);
 void concat(const std::vector<NDArray>& xs, int axis, const NDArray& out);
 /// nd::cross_entropy's fused kernel; the derivative is one fused kernel too.
 void cross_entropy(const NDArray& logits, const NDArray& labels, const NDArray& out);
+/// nd::take_along_last; its derivative scatter-adds along the last axis.
+void take_along_last(const NDArray& a, const NDArray& indices, const NDArray& out);
 /// nd::take of rows of `a` (contiguous); its derivative scatter-adds.
 void take(const NDArray& a, const NDArray& indices, const NDArray& out);
 
@@ -51,6 +53,8 @@ void replace_grad(const NDArray& leaf, NDArray g);
 /// A zero array of `rows` rows plus g's trailing shape, with g's rows added
 /// at `indices` (the derivative of take; data.cpp).
 [[nodiscard]] NDArray scatter_add_rows(const NDArray& g, const NDArray& indices, std::int64_t rows);
+/// zeros of `shape` with g[..., j] added at [..., indices[..., j]] (data.cpp).
+[[nodiscard]] NDArray scatter_add_last(const NDArray& g, const NDArray& indices, const Shape& shape);
 /// (softmax(logits) - one_hot(labels)) * g / N, one recorded kernel (nn.cpp).
 [[nodiscard]] NDArray cross_entropy_backward(const NDArray& g, const NDArray& logits, const NDArray& labels);
 }  // namespace lazydag::detail

@@ -6,6 +6,8 @@
 #include "internal.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <type_traits>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -355,4 +357,149 @@ std::optional<std::vector<NDArray>> MiniBatches::next() {
 }
 
 }  // namespace data
+}  // namespace lazydag
+
+namespace lazydag {
+
+namespace {
+
+template <class T>
+void gather_last(const std::vector<void*>& p, std::int64_t rows, std::int64_t n, std::int64_t k) {
+  const T* a = static_cast<const T*>(p[0]);
+  const auto* idx = static_cast<const std::int64_t*>(p[1]);
+  T* out = static_cast<T*>(p[2]);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t j = 0; j < k; ++j) {
+      const std::int64_t i = idx[r * k + j];
+      if (i < 0 || i >= n) {
+        throw InvalidArgument("take_along_last: index " + std::to_string(i) + " is out of range [0, " +
+                              std::to_string(n) + ")");
+      }
+      out[r * k + j] = a[r * n + i];
+    }
+  }
+}
+
+template <class T>
+void scatter_last(const std::vector<void*>& p, std::int64_t rows, std::int64_t n, std::int64_t k) {
+  const T* g = static_cast<const T*>(p[0]);
+  const auto* idx = static_cast<const std::int64_t*>(p[1]);
+  T* z = static_cast<T*>(p[2]);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t j = 0; j < k; ++j) {
+      const std::int64_t i = idx[r * k + j];
+      if (i >= 0 && i < n) z[r * n + i] += g[r * k + j];
+    }
+  }
+}
+
+NDArray contiguous(const NDArray& a) { return a.is_contiguous() ? a : a.copy(); }
+
+std::int64_t last(const Shape& s) { return s.empty() ? 1 : s.back(); }
+
+void check_leading(const NDArray& a, const NDArray& idx, const char* op) {
+  if (idx.dtype() != DType::kInt64) {
+    throw InvalidArgument(std::string(op) + ": indices must be int64, got " + std::string(to_string(idx.dtype())));
+  }
+  if (a.ndim() < 1 || idx.ndim() != a.ndim() ||
+      !std::equal(a.shape().begin(), a.shape().end() - 1, idx.shape().begin())) {
+    throw InvalidArgument(std::string(op) + ": indices of shape " + to_string(idx.shape()) +
+                          " do not match the leading shape of " + to_string(a.shape()));
+  }
+  if (!(a.device() == idx.device())) {
+    throw DeviceMismatch(std::string(op) + ": the array lives on " + a.device().str() + ", the indices on " +
+                         idx.device().str());
+  }
+}
+
+}  // namespace
+
+namespace detail {
+NDArray scatter_add_last(const NDArray& g0, const NDArray& indices, const Shape& shape) {
+  NDArray z = nd::zeros(shape, g0.dtype(), g0.device());
+  if (g0.device().kind == DeviceKind::kGpu) {
+    return scatter_add_last(g0.copyto(cpu()), indices.copyto(cpu()), shape).copyto(g0.device());
+  }
+  const NDArray g = contiguous(g0);
+  const NDArray idx = contiguous(indices);
+  const std::int64_t n = last(shape), k = last(g.shape());
+  const std::int64_t rows = k == 0 ? 0 : g.size() / k;
+  const bool f64 = g.dtype() == DType::kFloat64;
+  record_host_kernel("take_along_last (backward)", {g, idx}, {z}, [=](const std::vector<void*>& p) {
+    f64 ? scatter_last<double>(p, rows, n, k) : scatter_last<float>(p, rows, n, k);
+  });
+  return z;
+}
+}  // namespace detail
+
+namespace nd {
+
+NDArray argsort(const NDArray& a0, bool descending) {
+  if (!a0.valid()) throw InvalidArgument("argsort: use of an empty NDArray");
+  if (a0.ndim() < 1) throw InvalidArgument("argsort: needs an array of at least one dimension");
+  if (a0.dtype() == DType::kBool) throw InvalidArgument("argsort: not defined for bool arrays (use astype)");
+  if (a0.device().kind == DeviceKind::kGpu) return argsort(a0.copyto(cpu()), descending).copyto(a0.device());
+  const NDArray a = contiguous(a0.detach());
+  NDArray out = detail::empty(a.shape(), DType::kInt64, a.device(), "argsort");
+  const std::int64_t n = last(a.shape());
+  const std::int64_t rows = n == 0 ? 0 : a.size() / n;
+  const DType t = a.dtype();
+  detail::record_host_kernel("argsort", {a}, {out}, [=](const std::vector<void*>& p) {
+    dispatch(t, [&]<class T>() {
+      if constexpr (!std::is_same_v<T, bool>) {
+        const T* x = static_cast<const T*>(p[0]);
+        auto* idx = static_cast<std::int64_t*>(p[1]);
+        for (std::int64_t r = 0; r < rows; ++r) {
+          std::int64_t* row = idx + r * n;
+          const T* v = x + r * n;
+          for (std::int64_t i = 0; i < n; ++i) row[i] = i;
+          auto before = [&](std::int64_t i, std::int64_t j) {
+            if constexpr (std::is_floating_point_v<T>) {
+              if (std::isnan(v[i]) || std::isnan(v[j])) return descending ? std::isnan(v[i]) && !std::isnan(v[j])
+                                                                           : !std::isnan(v[i]) && std::isnan(v[j]);
+            }
+            return descending ? v[i] > v[j] : v[i] < v[j];
+          };
+          std::stable_sort(row, row + n, before);
+        }
+      }
+    });
+  });
+  return out;
+}
+
+NDArray take_along_last(const NDArray& a0, const NDArray& indices) {
+  if (!a0.valid() || !indices.valid()) throw InvalidArgument("take_along_last: use of an empty NDArray");
+  check_leading(a0, indices, "take_along_last");
+  if (a0.dtype() == DType::kBool) throw InvalidArgument("take_along_last: not defined for bool arrays (use astype)");
+  if (a0.device().kind == DeviceKind::kGpu) {
+    return take_along_last(a0.copyto(cpu()), indices.copyto(cpu())).copyto(a0.device());
+  }
+  const NDArray a = contiguous(a0);
+  const NDArray idx = contiguous(indices);
+  NDArray out = detail::empty(idx.shape(), a.dtype(), a.device(), "take_along_last");
+  const std::int64_t n = last(a.shape()), k = last(idx.shape());
+  const std::int64_t rows = k == 0 ? 0 : idx.size() / k;
+  const DType t = a.dtype();
+  detail::record_host_kernel("take_along_last", {a, idx}, {out}, [=](const std::vector<void*>& p) {
+    dispatch(t, [&]<class T>() {
+      if constexpr (!std::is_same_v<T, bool>) gather_last<T>(p, rows, n, k);
+    });
+  });
+  detail::grad::take_along_last(a, idx, out);
+  return out;
+}
+
+NDArray sort(const NDArray& a, bool descending) { return take_along_last(a, argsort(a, descending)); }
+
+TopK topk(const NDArray& a, std::int64_t k, bool largest) {
+  if (!a.valid() || a.ndim() < 1) throw InvalidArgument("topk: needs an array of at least one dimension");
+  if (k < 0 || k > last(a.shape())) {
+    throw InvalidArgument("topk: k = " + std::to_string(k) + " is outside 0.." + std::to_string(last(a.shape())));
+  }
+  const NDArray idx = argsort(a, largest).slice(-1, 0, k);
+  return TopK{take_along_last(a, idx), idx.copy()};
+}
+
+}  // namespace nd
 }  // namespace lazydag

@@ -1007,6 +1007,23 @@ NDArray where(const NDArray& cond, const NDArray& x, const NDArray& y) {
 NDArray matmul(const NDArray& x, const NDArray& y) {
   const StatePtr& a0 = Access::state(x, "matmul");
   const StatePtr& b0 = Access::state(y, "matmul");
+  if (a0->shape.size() == 1 || b0->shape.size() == 1) {
+    // NumPy's rule through views: [n] -> [1, n] on the left, [n, 1] on the
+    // right, the added axis dropped afterwards (all differentiable).
+    const bool left = a0->shape.size() == 1;
+    const bool right = b0->shape.size() == 1;
+    const NDArray a = left ? x.reshape({1, a0->shape[0]}) : x;
+    const NDArray b = right ? y.reshape({b0->shape[0], 1}) : y;
+    if (!left && a0->shape.size() == 3 && right) {  // batched matrix @ vector
+      const NDArray r = matmul(a, nd::broadcast_to(b, {a0->shape[0], b0->shape[0], 1}));
+      return r.reshape({a0->shape[0], a0->shape[1]});
+    }
+    const NDArray r = matmul(a, b);
+    Shape s = r.shape();
+    if (right) s.pop_back();
+    if (left) s.erase(s.end() - (right ? 1 : 2));
+    return r.reshape(s);
+  }
   const Device dev = common_device({a0.get(), b0.get()}, "matmul");
   same_dtype(*a0, *b0, "matmul");
   floating(*a0, "matmul");

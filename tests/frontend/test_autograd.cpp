@@ -400,3 +400,56 @@ TEST_CASE("stack, squeeze, unsqueeze, multi-axis sums, var and std: values and g
   CHECK(sd[2] == doctest::Approx(6.0));
   CHECK_THROWS_AS((void)nd::var(a, 1, 3), InvalidArgument);
 }
+
+TEST_CASE("matmul with 1-D operands, as NumPy") {
+  check_gradient("vec @ mat", [](auto& x) { return nd::matmul(x[0], x[1]); }, {{{3}}, {{3, 2}}});
+  check_gradient("mat @ vec", [](auto& x) { return nd::matmul(x[0], x[1]); }, {{{2, 3}}, {{3}}});
+  check_gradient("vec @ vec", [](auto& x) { return nd::matmul(x[0], x[1]); }, {{{4}}, {{4}}});
+  check_gradient("batch @ vec", [](auto& x) { return nd::matmul(x[0], x[1]); }, {{{2, 3, 4}}, {{4}}});
+  const NDArray v = nd::array(std::vector<double>{1, 2, 3}, {3});
+  const NDArray m = nd::array(std::vector<double>{1, 0, 0, 1, 1, 1}, {3, 2});
+  CHECK(nd::matmul(v, v).shape() == Shape{});
+  CHECK(nd::matmul(v, v).item<double>() == 14.0);
+  CHECK(nd::matmul(v, m).to_vector<double>() == std::vector<double>{4, 5});
+  CHECK(nd::matmul(m.transpose(), v).to_vector<double>() == std::vector<double>{4, 5});
+  CHECK_THROWS_AS((void)nd::matmul(v, nd::ones({2}, DType::kFloat64, v.device())), InvalidArgument);
+}
+
+TEST_CASE("argsort, sort and topk against std::stable_sort; sort's gradient") {
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> d(-5, 5);  // ties on purpose
+  std::vector<double> v(4 * 9);
+  for (auto& x : v) x = d(rng);
+  const NDArray a = nd::array(v, {4, 9});
+  for (bool desc : {false, true}) {
+    const auto idx = nd::argsort(a, desc).to_vector<std::int64_t>();
+    const auto sorted = nd::sort(a, desc).to_vector<double>();
+    for (int r = 0; r < 4; ++r) {
+      std::vector<std::int64_t> want(9);
+      for (int i = 0; i < 9; ++i) want[i] = i;
+      std::stable_sort(want.begin(), want.end(), [&](std::int64_t i, std::int64_t j) {
+        return desc ? v[r * 9 + i] > v[r * 9 + j] : v[r * 9 + i] < v[r * 9 + j];
+      });
+      for (int i = 0; i < 9; ++i) {
+        CHECK(idx[r * 9 + i] == want[i]);
+        CHECK(sorted[r * 9 + i] == v[r * 9 + want[i]]);
+      }
+    }
+  }
+  const auto top = nd::topk(a, 3);
+  CHECK(top.values.shape() == Shape{4, 3});
+  CHECK(top.indices.dtype() == DType::kInt64);
+  const auto tv = top.values.to_vector<double>();
+  const auto sv = nd::sort(a, true).to_vector<double>();
+  for (int r = 0; r < 4; ++r) {
+    for (int i = 0; i < 3; ++i) CHECK(tv[r * 3 + i] == sv[r * 9 + i]);
+  }
+  const auto nan_sorted = nd::sort(nd::array(std::vector<double>{2, std::nan(""), 1}, {3})).to_vector<double>();
+  CHECK(nan_sorted[0] == 1.0);
+  CHECK(std::isnan(nan_sorted[2]));
+  CHECK_THROWS_AS((void)nd::topk(a, 10), InvalidArgument);
+  CHECK_THROWS_AS((void)nd::take_along_last(a, nd::zeros({3, 2}, DType::kInt64, a.device())), InvalidArgument);
+  // continuous random inputs: no ties, so the gradient is defined
+  check_gradient("sort", [](auto& x) { return nd::sort(x[0]); }, {{{3, 5}}});
+  check_gradient("topk", [](auto& x) { return nd::topk(x[0], 2, false).values; }, {{{2, 6}}});
+}

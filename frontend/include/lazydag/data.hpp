@@ -28,6 +28,23 @@ void save_npy(const std::string& path, const NDArray& a,
 /// embedding lookup's scatter-add). A copy on CPU and sim devices; on a GPU
 /// through the host.
 [[nodiscard]] NDArray take(const NDArray& a, const NDArray& indices);
+/// For each row of the last axis, the indices (int64) that sort it; stable
+/// (ties keep their order). NaNs sort last ascending, first descending.
+[[nodiscard]] NDArray argsort(const NDArray& a, bool descending = false);
+/// `a`'s last axis picked by `indices` (int64, same leading shape, any last
+/// length): out[..., j] = a[..., indices[..., j]]. Differentiable in `a`.
+[[nodiscard]] NDArray take_along_last(const NDArray& a, const NDArray& indices);
+/// The last axis sorted; differentiable (the gradient goes back to each
+/// value's position).
+[[nodiscard]] NDArray sort(const NDArray& a, bool descending = false);
+/// The k largest (or smallest) of the last axis, in order, and their
+/// indices (int64).
+struct TopK {
+  NDArray values;
+  NDArray indices;
+};
+[[nodiscard]] TopK topk(const NDArray& a, std::int64_t k, bool largest = true);
+
 /// A random permutation of 0..n-1 (int64), a function of (n, seed) only.
 [[nodiscard]] NDArray permutation(std::int64_t n, std::uint64_t seed, Device dev = default_device());
 /// Integers uniform in [low, high) (int64), a function of (shape, seed) only.

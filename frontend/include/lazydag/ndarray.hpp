@@ -300,6 +300,8 @@ template <class T>
 /// cond (bool) ? a : b, broadcast.
 [[nodiscard]] NDArray where(const NDArray& cond, const NDArray& a, const NDArray& b);
 /// Matrix product (2-D, or batched 3-D) of float32 or float64 arrays, via BLAS.
+/// As NumPy, a 1-D operand is a row (left) or column (right) vector whose
+/// axis is dropped from the result: vector @ vector is a scalar.
 [[nodiscard]] NDArray dot(const NDArray& a, const NDArray& b);
 [[nodiscard]] NDArray matmul(const NDArray& a, const NDArray& b);
 /// Joins arrays along an existing axis; a copy.

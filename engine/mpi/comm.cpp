@@ -117,12 +117,9 @@ void Comm::loop() {
         posted_.erase(posted_.begin());
         ++next_start;
       }
-      if (stop_ && active.empty() && startable.empty() && next_start == next_seq_) break;
-      if (stop_ && active.empty() && startable.empty()) {
-        // Sequence numbers taken whose ops were never posted (their nodes
-        // did not run): nothing more can start in order.
-        break;
-      }
+      // Stopping with nothing started or startable; a sequence number taken
+      // whose op was never posted (its node never ran) cannot start either.
+      if (stop_ && active.empty() && startable.empty()) break;
     }
     for (Op& op : startable) {
       Started s;

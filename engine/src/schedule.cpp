@@ -237,8 +237,9 @@ void EngineImpl::execute(Node* n, const RunContext& ctx) {
   }
   if (!err || n->run_on_failed_input) {
     range_push(n->name.c_str());
+    // Only push_async's wrapper reads it: set for async nodes alone.
     Node* const outer_node = tls_running_node;
-    tls_running_node = n;
+    if (n->async) tls_running_node = n;
     try {
       if (err) {
         RunContext with_cause = ctx;

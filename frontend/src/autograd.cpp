@@ -26,6 +26,7 @@
 #include <functional>
 #include <mutex>
 #include <queue>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -114,7 +115,7 @@ NDArray fit(NDArray g, const Shape& shape) {
 }
 
 // Records the backward node of `out`.
-void attach(const char* op, const NDArray& out, std::initializer_list<const NDArray*> inputs,
+void attach(const char* op, const NDArray& out, std::span<const NDArray* const> inputs,
             std::initializer_list<NDArray> saved, Derivative derivative) {
   auto node = std::make_shared<GradNode>();
   node->op = op;
@@ -129,6 +130,11 @@ void attach(const char* op, const NDArray& out, std::initializer_list<const NDAr
   auto meta = std::make_shared<AutogradMeta>();
   meta->grad_fn = std::move(node);
   st(out).autograd = std::move(meta);
+}
+
+void attach(const char* op, const NDArray& out, std::initializer_list<const NDArray*> inputs,
+            std::initializer_list<NDArray> saved, Derivative derivative) {
+  attach(op, out, std::span<const NDArray* const>(inputs.begin(), inputs.size()), saved, std::move(derivative));
 }
 
 NDArray mask(const NDArray& cond, DType t) { return cond.astype(t); }
@@ -399,16 +405,13 @@ void concat(const std::vector<NDArray>& xs, int axis, const NDArray& out) {
   for (const auto& x : xs) any = any || wants_grad(x);
   if (!any) return;
   axis = axis < 0 ? axis + out.ndim() : axis;
-  auto node = std::make_shared<GradNode>();
-  node->op = "concat";
-  node->seq = g_node_seq.fetch_add(1, std::memory_order_relaxed);
+  std::vector<const NDArray*> inputs;
   std::vector<std::int64_t> lengths;
   for (const auto& x : xs) {
-    const ArrayState& s = st(x);
-    node->inputs.push_back(Edge{wants_grad(x) ? s.autograd : nullptr, s.shape, s.dtype, x.device()});
-    lengths.push_back(s.shape[static_cast<std::size_t>(axis)]);
+    inputs.push_back(&x);
+    lengths.push_back(x.shape()[static_cast<std::size_t>(axis)]);
   }
-  node->derivative = [axis, lengths](const NDArray& g, auto&, const std::vector<bool>& n) {
+  attach("concat", out, inputs, {}, [axis, lengths](const NDArray& g, auto&, const std::vector<bool>& n) {
     std::vector<NDArray> r;
     std::int64_t at = 0;
     for (std::size_t i = 0; i < lengths.size(); ++i) {
@@ -416,10 +419,7 @@ void concat(const std::vector<NDArray>& xs, int axis, const NDArray& out) {
       at += lengths[i];
     }
     return r;
-  };
-  auto meta = std::make_shared<AutogradMeta>();
-  meta->grad_fn = std::move(node);
-  st(out).autograd = std::move(meta);
+  });
 }
 
 void cross_entropy(const NDArray& logits, const NDArray& labels, const NDArray& out) {
@@ -452,9 +452,8 @@ void set_grad_hook_impl(const NDArray& leaf, std::function<void()> hook) {
   s.autograd->hook = std::move(hook);
 }
 
-void check_inplace(const NDArray& target, const char* op) {
+void check_inplace(const ArrayState& s, const char* op) {
   if (!autograd::is_grad_enabled()) return;
-  const ArrayState& s = st(target);
   if (!s.autograd || !s.autograd->requires_grad) return;
   if (!s.autograd->grad_fn) {
     throw InvalidArgument(std::string(op) +
@@ -625,31 +624,27 @@ void NDArray::backward(const NDArray& gradient, bool retain_graph) const {
     for (const auto& e : n->inputs) needs.push_back(e.meta != nullptr);
     std::vector<NDArray> grads = n->derivative(gout, saved, needs);
     saved.clear();
-    for (std::size_t i = 0; i < n->inputs.size() && i < grads.size(); ++i) {
+    for (std::size_t i = 0; i < n->inputs.size(); ++i) {
       const auto& e = n->inputs[i];
       if (!e.meta) continue;
-      if (!grads[i].valid()) continue;
-      NDArray gi = detail::fit(std::move(grads[i]), e.shape);
-      if (e.meta->grad_fn) {
-        GradNode* c = e.meta->grad_fn.get();
+      NDArray gi;
+      if (i < grads.size() && grads[i].valid()) gi = detail::fit(std::move(grads[i]), e.shape);
+      if (!e.meta->grad_fn) {
+        if (gi.valid()) detail::accumulate(*e.meta, gi);
+        continue;
+      }
+      GradNode* c = e.meta->grad_fn.get();
+      if (gi.valid()) {
         auto it = pending.find(c);
         if (it == pending.end()) {
           pending.emplace(c, std::move(gi));
         } else {
           it->second = it->second + gi;
         }
-        if (--consumers[c] == 0) ready.push(c);
-      } else {
-        detail::accumulate(*e.meta, gi);
       }
-    }
-    // A consumer that gave no gradient (none wanted there) still counts.
-    for (std::size_t i = 0; i < n->inputs.size(); ++i) {
-      const auto& e = n->inputs[i];
-      if (e.meta && e.meta->grad_fn && (i >= grads.size() || !grads[i].valid())) {
-        GradNode* c = e.meta->grad_fn.get();
-        if (--consumers[c] == 0 && pending.count(c) != 0) ready.push(c);
-      }
+      // Every consumer counts, one that gave no gradient too; a node that
+      // received none has nothing to pass on.
+      if (--consumers[c] == 0 && pending.count(c) != 0) ready.push(c);
     }
     if (!retain_graph) {
       n->derivative = nullptr;

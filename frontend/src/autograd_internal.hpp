@@ -40,7 +40,7 @@ void take(const NDArray& a, const NDArray& indices, const NDArray& out);
 
 /// Refuses (InvalidArgument naming `op`) an in-place write of an array in
 /// the gradient graph while grad mode is on.
-void check_inplace(const NDArray& target, const char* op);
+void check_inplace(const ArrayState& target, const char* op);
 
 }  // namespace lazydag::detail::grad
 

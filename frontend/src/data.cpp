@@ -77,7 +77,7 @@ NDArray scatter_add_rows(const NDArray& g0, const NDArray& indices, std::int64_t
   const Shape& gs = g0.shape();
   s.insert(s.end(), gs.begin() + indices.ndim(), gs.end());
   NDArray z = nd::zeros(s, g0.dtype(), g0.device());
-  if (g0.device().kind == DeviceKind::kGpu) {
+  if (!detail::runs_host_kernels(g0.device())) {
     return scatter_add_rows(g0.copyto(cpu()), indices.copyto(cpu()), rows).copyto(g0.device());
   }
   const NDArray g = g0.is_contiguous() ? g0 : g0.copy();
@@ -208,7 +208,7 @@ NDArray take(const NDArray& a0, const NDArray& indices) {
     throw DeviceMismatch("take: the array lives on " + a0.device().str() + ", the indices on " +
                          indices.device().str() + "; move one with copyto(device)");
   }
-  if (a0.device().kind == DeviceKind::kGpu) {
+  if (!detail::runs_host_kernels(a0.device())) {
     return take(a0.copyto(cpu()), indices.copyto(cpu())).copyto(a0.device());
   }
   const NDArray a = a0.is_contiguous() ? a0 : a0.copy();
@@ -417,7 +417,7 @@ void check_leading(const NDArray& a, const NDArray& idx, const char* op) {
 namespace detail {
 NDArray scatter_add_last(const NDArray& g0, const NDArray& indices, const Shape& shape) {
   NDArray z = nd::zeros(shape, g0.dtype(), g0.device());
-  if (g0.device().kind == DeviceKind::kGpu) {
+  if (!detail::runs_host_kernels(g0.device())) {
     return scatter_add_last(g0.copyto(cpu()), indices.copyto(cpu()), shape).copyto(g0.device());
   }
   const NDArray g = contiguous(g0);
@@ -438,7 +438,7 @@ NDArray argsort(const NDArray& a0, bool descending) {
   if (!a0.valid()) throw InvalidArgument("argsort: use of an empty NDArray");
   if (a0.ndim() < 1) throw InvalidArgument("argsort: needs an array of at least one dimension");
   if (a0.dtype() == DType::kBool) throw InvalidArgument("argsort: not defined for bool arrays (use astype)");
-  if (a0.device().kind == DeviceKind::kGpu) return argsort(a0.copyto(cpu()), descending).copyto(a0.device());
+  if (!detail::runs_host_kernels(a0.device())) return argsort(a0.copyto(cpu()), descending).copyto(a0.device());
   const NDArray a = contiguous(a0.detach());
   NDArray out = detail::empty(a.shape(), DType::kInt64, a.device(), "argsort");
   const std::int64_t n = last(a.shape());
@@ -472,7 +472,7 @@ NDArray take_along_last(const NDArray& a0, const NDArray& indices) {
   if (!a0.valid() || !indices.valid()) throw InvalidArgument("take_along_last: use of an empty NDArray");
   check_leading(a0, indices, "take_along_last");
   if (a0.dtype() == DType::kBool) throw InvalidArgument("take_along_last: not defined for bool arrays (use astype)");
-  if (a0.device().kind == DeviceKind::kGpu) {
+  if (!detail::runs_host_kernels(a0.device())) {
     return take_along_last(a0.copyto(cpu()), indices.copyto(cpu())).copyto(a0.device());
   }
   const NDArray a = contiguous(a0);

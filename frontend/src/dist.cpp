@@ -79,16 +79,6 @@ MPI_Op mpi_op(ReduceOp op) {
   return MPI_SUM;
 }
 
-const char* op_name(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kMean: return "mean";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kMin: return "min";
-  }
-  return "?";
-}
-
 int checked_count(std::int64_t n, const char* op) {
   if (n > INT_MAX) {
     throw InvalidArgument(std::string(op) + ": " + std::to_string(n) +
@@ -207,7 +197,6 @@ NDArray reduce_impl(const NDArray& x, ReduceOp op, bool scatter) {
     return scatter ? MPI_Ireduce_scatter_block(p[0], p[1], count, type, mop, c, &reqs.back())
                    : MPI_Iallreduce(p[0], p[1], count, type, mop, c, &reqs.back());
   });
-  (void)op_name;
   NDArray r = back(out, x.device());
   return op == ReduceOp::kMean ? r / static_cast<double>(n) : r;
 }

@@ -34,14 +34,14 @@ struct Access {
 /// How many in-place writes have been recorded into the storage so far.
 [[nodiscard]] std::uint64_t storage_version(const ArrayState& s) noexcept;
 
-}  // namespace lazydag::detail
-
-namespace lazydag::detail {
-
 /// Records one op on the arrays' device (a CPU or the emulated sim device)
 /// that reads `reads` and writes `writes`, each contiguous, all on one
 /// device; `kernel` gets their element pointers, reads first. Each write counts in its storage's version. InvalidArgument or
 /// DeviceMismatch otherwise, recording nothing.
+/// Whether record_host_kernel can run on `d`: a CPU or the sim device (its
+/// memory is host memory); a GPU takes compositions of device ops instead.
+[[nodiscard]] inline bool runs_host_kernels(Device d) noexcept { return d.kind != DeviceKind::kGpu; }
+
 /// A new array whose contents nothing has written yet (an op's output).
 [[nodiscard]] NDArray empty(const Shape& shape, DType t, Device dev, const char* op);
 

@@ -414,7 +414,7 @@ void inplace_op(ops::BinaryOp op, const StatePtr& a, StatePtr b, const char* nam
     throw InvalidArgument(std::string(name) + ": the result shape " + to_string(s) +
                           " differs from the target's " + to_string(a->shape));
   }
-  grad::check_inplace(Access::wrap(a), name);
+  grad::check_inplace(*a, name);
   if (b->storage == a->storage &&
       (b->offset != a->offset || b->strides != a->strides || b->shape != a->shape)) {
     b = Access::state(Access::wrap(b).copy(), name);
@@ -428,7 +428,7 @@ void inplace_op(ops::BinaryOp op, const StatePtr& a, StatePtr b, const char* nam
 void inplace_scalar(ops::BinaryOp op, const StatePtr& a, double s, const char* name) {
   check_binary(op, *a, name);
   check_scalar_divisor(op, *a, s, name);
-  grad::check_inplace(Access::wrap(a), name);
+  grad::check_inplace(*a, name);
   a->storage->version.fetch_add(1, std::memory_order_relaxed);
   record(name, {a}, a, [op, s](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o) {
     ops::binary_scalar(ctx, op, view(*in[0]), s, false, view(o));
@@ -708,7 +708,7 @@ NDArray& NDArray::assign(const NDArray& o) {
     throw InvalidArgument("assign: a source of shape " + to_string(b->shape) +
                           " does not broadcast to the target's " + to_string(a->shape));
   }
-  grad::check_inplace(*this, "assign");
+  grad::check_inplace(*a, "assign");
   if (b->storage == a->storage) b = Access::state(Access::wrap(b).copy(), "assign");
   a->storage->version.fetch_add(1, std::memory_order_relaxed);
   auto kernel = [](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o2) {
@@ -807,38 +807,71 @@ NDArray make_array(const void* data, std::size_t count, DType t, const Shape& sh
   return Access::wrap(out);
 }
 
+namespace {
+
+// A host op's arrays (reads first), checked before anything is recorded:
+// one device that runs host code (a CPU, or also sim unless cpu_only),
+// contiguous; the writes are refused in the gradient graph and counted in
+// their storage's version.
+struct HostOp {
+  std::vector<StatePtr> arrays;
+  std::vector<engine::Var> reads;
+  std::vector<engine::Var> writes;
+  engine::PushOptions options;
+};
+
+HostOp host_op(const std::string& name, const std::vector<NDArray>& reads, const std::vector<NDArray>& writes,
+               bool cpu_only) {
+  HostOp op;
+  for (const auto& a : reads) op.arrays.push_back(Access::state(a, name.c_str()));
+  for (const auto& a : writes) op.arrays.push_back(Access::state(a, name.c_str()));
+  if (op.arrays.empty()) throw InvalidArgument(name + ": no arrays");
+  const Device dev = op.arrays[0]->storage->device;
+  if (dev.kind == DeviceKind::kGpu || (cpu_only && dev.is_stream_device())) {
+    throw InvalidArgument(name + ": this host op cannot run on " + dev.str());
+  }
+  for (const auto& a : op.arrays) {
+    if (!(a->storage->device == dev)) {
+      throw DeviceMismatch(name + ": arrays on " + dev.str() + " and " + a->storage->device.str());
+    }
+    if (!contiguous(*a)) throw InvalidArgument(name + ": needs contiguous arrays");
+  }
+  for (std::size_t i = reads.size(); i < op.arrays.size(); ++i) grad::check_inplace(*op.arrays[i], name.c_str());
+  for (std::size_t i = 0; i < op.arrays.size(); ++i) {
+    Storage& st = *op.arrays[i]->storage;
+    (i < reads.size() ? op.reads : op.writes).push_back(st.var);
+    if (i >= reads.size()) st.version.fetch_add(1, std::memory_order_relaxed);
+  }
+  op.options = push_options(dev, "", 0);
+  return op;
+}
+
+// Inside the op: each array's first element (a stream device's buffer
+// allocated now if this is its first write).
+std::vector<void*> pointers(const std::vector<StatePtr>& arrays, const engine::RunContext& ctx) {
+  std::vector<void*> ptrs;
+  ptrs.reserve(arrays.size());
+  for (const auto& a : arrays) {
+    ptrs.push_back(static_cast<unsigned char*>(a->storage->ensure(ctx)) +
+                   static_cast<std::size_t>(a->offset) * size_of(a->dtype));
+  }
+  return ptrs;
+}
+
+}  // namespace
+
 void record_host_async(const std::string& name, const std::vector<NDArray>& reads,
                        const std::vector<NDArray>& writes,
                        std::function<void(const std::vector<void*>&, const engine::RunContext&, engine::Completion&)> start,
                        bool run_on_failed_input) {
-  std::vector<StatePtr> all;
-  for (const auto& a : reads) all.push_back(Access::state(a, name.c_str()));
-  for (const auto& a : writes) all.push_back(Access::state(a, name.c_str()));
-  for (const auto& a : all) {
-    if (a->storage->device.is_stream_device()) {
-      throw InvalidArgument(name + ": an asynchronous host op needs CPU arrays, not " + a->storage->device.str());
-    }
-    if (!contiguous(*a)) throw InvalidArgument(name + ": needs contiguous arrays");
-  }
-  std::vector<engine::Var> read_vars;
-  std::vector<engine::Var> write_vars;
-  for (const auto& a : reads) read_vars.push_back(Access::state(a, name.c_str())->storage->var);
-  for (const auto& a : writes) write_vars.push_back(Access::state(a, name.c_str())->storage->var);
-  engine::PushOptions o;
-  o.device = all.empty() ? cpu() : all[0]->storage->device;
-  o.name = name;
-  o.run_on_failed_input = run_on_failed_input;
+  HostOp op = host_op(name, reads, writes, /*cpu_only=*/true);
+  op.options.name = name;
+  op.options.run_on_failed_input = run_on_failed_input;
   nd::engine().push_async(
-      [all = std::move(all), start = std::move(start)](const engine::RunContext& ctx, engine::Completion& done) {
-        std::vector<void*> ptrs;
-        ptrs.reserve(all.size());
-        for (const auto& a : all) {
-          ptrs.push_back(static_cast<unsigned char*>(a->storage->data) +
-                         static_cast<std::size_t>(a->offset) * size_of(a->dtype));
-        }
-        start(ptrs, ctx, done);
+      [arrays = std::move(op.arrays), start = std::move(start)](const engine::RunContext& ctx, engine::Completion& done) {
+        start(pointers(arrays, ctx), ctx, done);
       },
-      read_vars, write_vars, o);
+      op.reads, op.writes, op.options);
 }
 
 NDArray empty(const Shape& shape, DType t, Device dev, const char* op) {
@@ -847,40 +880,13 @@ NDArray empty(const Shape& shape, DType t, Device dev, const char* op) {
 
 void record_host_kernel(const char* name, const std::vector<NDArray>& reads, const std::vector<NDArray>& writes,
                         std::function<void(const std::vector<void*>&)> kernel) {
-  std::vector<StatePtr> all;
-  for (const auto& a : reads) all.push_back(Access::state(a, name));
-  for (const auto& a : writes) all.push_back(Access::state(a, name));
-  if (all.empty()) throw InvalidArgument(std::string(name) + ": no arrays");
-  const Device dev = all[0]->storage->device;
-  if (dev.kind == DeviceKind::kGpu) {
-    throw InvalidArgument(std::string(name) + ": a host kernel cannot run on " + dev.str());
-  }
-  for (const auto& a : all) {
-    if (!(a->storage->device == dev)) {
-      throw DeviceMismatch(std::string(name) + ": arrays on " + dev.str() + " and " + a->storage->device.str());
-    }
-    if (!contiguous(*a)) throw InvalidArgument(std::string(name) + ": needs contiguous arrays");
-  }
-  for (const auto& a : writes) grad::check_inplace(a, name);
-  std::vector<engine::Var> read_vars;
-  std::vector<engine::Var> write_vars;
-  for (const auto& a : reads) read_vars.push_back(Access::state(a, name)->storage->var);
-  for (const auto& a : writes) {
-    const StatePtr& s = Access::state(a, name);
-    write_vars.push_back(s->storage->var);
-    s->storage->version.fetch_add(1, std::memory_order_relaxed);
-  }
+  HostOp op = host_op(name, reads, writes, /*cpu_only=*/false);
+  op.options.name = name;
   nd::engine().push(
-      [all = std::move(all), kernel = std::move(kernel)](const engine::RunContext& ctx) {
-        std::vector<void*> ptrs;
-        ptrs.reserve(all.size());
-        for (const auto& a : all) {
-          ptrs.push_back(static_cast<unsigned char*>(a->storage->ensure(ctx)) +
-                         static_cast<std::size_t>(a->offset) * size_of(a->dtype));
-        }
-        kernel(ptrs);
+      [arrays = std::move(op.arrays), kernel = std::move(kernel)](const engine::RunContext& ctx) {
+        kernel(pointers(arrays, ctx));
       },
-      read_vars, write_vars, push_options(dev, name, 0));
+      op.reads, op.writes, op.options);
 }
 
 }  // namespace detail

@@ -84,8 +84,6 @@ void ce_backward(const std::vector<void*>& p, std::int64_t n, std::int64_t c, bo
   }
 }
 
-bool host_kernels(const NDArray& a) { return a.device().kind != DeviceKind::kGpu; }
-
 }  // namespace
 
 NDArray logsumexp(const NDArray& x, int axis, bool keepdims) {
@@ -213,7 +211,7 @@ NDArray cross_entropy(const NDArray& logits, const NDArray& labels) {
     throw DeviceMismatch("cross_entropy: logits on " + logits.device().str() + ", labels on " +
                          labels.device().str());
   }
-  if (!host_kernels(logits)) {  // a GPU: a composition of elementwise ops
+  if (!detail::runs_host_kernels(logits.device())) {  // a GPU: a composition of elementwise ops
     const NDArray target = one_hot(labels, logits.shape()[1], logits.dtype());
     const double n = static_cast<double>(std::max<std::int64_t>(logits.shape()[0], 1));
     return -(log_softmax(logits, 1) * target).sum() / n;

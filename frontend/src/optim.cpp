@@ -22,8 +22,6 @@ void check(bool ok, const char* opt, const char* what, double v) {
   }
 }
 
-bool fused(const NDArray& p) { return p.device().kind != DeviceKind::kGpu; }
-
 template <class T>
 void sgd_kernel(const std::vector<void*>& ptrs, std::int64_t n, SGDOptions o, bool first) {
   const T* g = static_cast<const T*>(ptrs[0]);
@@ -154,7 +152,7 @@ void SGD::update(std::size_t i, const NDArray& g, std::int64_t) {
   NDArray* b = momentum ? &buffer("momentum", i) : nullptr;
   const bool first = b != nullptr && !b->valid();
   if (first) *b = nd::zeros(p.shape(), p.dtype(), p.device());
-  if (!fused(p)) {
+  if (!detail::runs_host_kernels(p.device())) {
     NDArray d = o_.weight_decay != 0.0 ? g + p * o_.weight_decay : g;
     if (b != nullptr) {
       b->assign(first ? d : *b * o_.momentum + d * (1.0 - o_.dampening));
@@ -187,7 +185,7 @@ void Adam::update(std::size_t i, const NDArray& g, std::int64_t t) {
   NDArray& v = buffer("v", i);
   if (!m.valid()) m = nd::zeros(p.shape(), p.dtype(), p.device());
   if (!v.valid()) v = nd::zeros(p.shape(), p.dtype(), p.device());
-  if (!fused(p)) {
+  if (!detail::runs_host_kernels(p.device())) {
     NDArray d = g;
     if (o_.decoupled_weight_decay) {
       p *= 1.0 - o_.lr * o_.weight_decay;

@@ -1,19 +1,22 @@
 // The CUDA stream device gpu(n): non-blocking streams, pooled events without
-// timing (timing events only while the profiler runs), a stream-ordered memory pool (cudaMallocAsync), a pinned staging
-// pool, and completions reported to the scheduler by a completer thread fed
-// from host functions enqueued on the streams (no worker blocks on the GPU).
+// timing (timing events only while the profiler runs), a stream-ordered
+// memory pool (cudaMallocAsync), a pinned staging pool, and completions
+// reported to the scheduler by a completer thread fed from host functions
+// enqueued on the streams (no worker blocks on the GPU). Which launch a
+// completion belongs to, failed recordings and sticky faults are the
+// CompletionLedger's, shared with the emulated device and tested there.
 #include "../src/cuda_backend.hpp"
 #include "../src/profiler_internal.hpp"
+#include "../src/stream_ledger.hpp"
 #include "check.hpp"
 
 #include <cuda_runtime.h>
 #include <nvtx3/nvToolsExt.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <iostream>
 #include <limits>
 #include <map>
@@ -55,6 +58,14 @@ class DeviceScope {
   int previous_ = 0;
 };
 
+class CudaDevice;
+
+// Host functions get one pointer-sized argument: the device's slot in this
+// table and the launch's ticket, packed. A slot is taken at construction and
+// freed only after the device's streams are synchronised (every host
+// function of it has run), so a host function never finds another device.
+std::array<std::atomic<CudaDevice*>, 256> g_devices{};
+
 class CudaDevice final : public StreamDevice {
  public:
   CudaDevice(int id, int compute_streams);
@@ -79,30 +90,26 @@ class CudaDevice final : public StreamDevice {
   void release_host(void* p, std::size_t bytes, void* stream) noexcept override;
 
  private:
-  struct Callback {
-    CudaDevice* device;
-    int stream;
-  };
-  // A launch awaiting its completion; `t0`/`t1` bracket it on the stream
-  // (timing events) while the profiler runs.
-  struct Pending {
-    StreamTask* task;
-    cudaEvent_t t0;
-    cudaEvent_t t1;
+  // Timing events bracketing a launch on its stream, while the profiler runs.
+  struct Timing {
+    cudaEvent_t t0 = nullptr;
+    cudaEvent_t t1 = nullptr;
   };
   static void CUDART_CB on_host(void* data);
   void completer();
   cudaEvent_t acquire_event();
   cudaEvent_t acquire_timing_event();
+  void release_timing(const Timing& t) noexcept;
   void start_clock(cudaStream_t s);
-  DeviceInterval interval(const Pending& p, bool measure) noexcept;
+  DeviceInterval interval(const Timing& p, bool measure) noexcept;
+  std::exception_ptr sticky_error() noexcept;
+  void init_streams();
 
   const int id_;
   const int compute_;
   std::vector<cudaStream_t> streams_;
-  std::vector<Callback> callbacks_;  // one per stream: the host function's argument
-  // One launch at a time per stream: the order of `pending_` must be the
-  // stream's order, which the host functions report in.
+  std::size_t slot_ = 0;  // in g_devices
+  // One launch at a time per stream: tickets follow the stream's order.
   std::vector<std::unique_ptr<std::mutex>> launch_mu_;
   cudaMemPool_t pool_ = nullptr;
   std::atomic<std::size_t> in_use_{0};
@@ -115,16 +122,11 @@ class CudaDevice final : public StreamDevice {
   cudaEvent_t clock_ = nullptr;
   std::uint64_t clock_ns_ = 0;
 
-  // Completion: launches append to their stream's queue; a host function
-  // enqueued after each launch says "the oldest on stream k is done"; the
-  // completer thread (never a worker) reports it to the scheduler. Host
-  // functions may not call CUDA, so they only touch this queue.
-  std::mutex done_mu_;
-  std::condition_variable done_cv_;
-  std::vector<std::deque<Pending>> pending_;       // per stream, launch order
-  std::vector<std::size_t> finished_;             // per stream: completions to report
-  std::map<StreamTask*, std::exception_ptr> late_errors_;  // launches that failed after run()
-  bool stop_ = false;
+  // Completion: each launch is registered in the ledger; the host function
+  // enqueued after it signals its ticket; the completer thread (never a
+  // worker) reports completions to the scheduler. Host functions may not
+  // call CUDA, so they only signal the ledger.
+  CompletionLedger<Timing> ledger_;
   std::thread completer_;
 
   // Pinned staging blocks by size, each with the event after which it is free.
@@ -136,7 +138,8 @@ class CudaDevice final : public StreamDevice {
   std::multimap<std::size_t, Block> host_free_;
 };
 
-CudaDevice::CudaDevice(int id, int compute_streams) : id_(id), compute_(compute_streams) {
+CudaDevice::CudaDevice(int id, int compute_streams)
+    : id_(id), compute_(compute_streams), ledger_(compute_streams + 2) {
   int count = 0;
   if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
     (void)cudaGetLastError();
@@ -147,24 +150,46 @@ CudaDevice::CudaDevice(int id, int compute_streams) : id_(id), compute_(compute_
     throw BackendUnavailable("gpu(" + std::to_string(id) + "): this machine has " +
                              std::to_string(count) + " CUDA device(s)");
   }
-  DeviceScope scope(id_);
-  const int n = compute_streams + 2;
-  streams_.resize(static_cast<std::size_t>(n));
-  for (auto& s : streams_) {
-    LAZYDAG_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "create stream");
+  slot_ = g_devices.size();
+  for (std::size_t i = 0; i < g_devices.size(); ++i) {
+    CudaDevice* expected = nullptr;
+    if (g_devices[i].compare_exchange_strong(expected, this, std::memory_order_acq_rel)) {
+      slot_ = i;
+      break;
+    }
   }
+  if (slot_ == g_devices.size()) {
+    throw BackendUnavailable("gpu(" + std::to_string(id) + "): more than " + std::to_string(g_devices.size()) +
+                             " CUDA stream devices open at once (one per engine and GPU)");
+  }
+  try {
+    init_streams();
+  } catch (...) {
+    {
+      DeviceScope scope(id_, std::nothrow);
+      for (cudaStream_t s : streams_) (void)cudaStreamDestroy(s);
+    }
+    g_devices[slot_].store(nullptr, std::memory_order_release);
+    throw;
+  }
+  completer_ = std::thread([this] { completer(); });
+}
+
+void CudaDevice::init_streams() {
+  DeviceScope scope(id_);
+  const int n = compute_ + 2;
+  streams_.reserve(static_cast<std::size_t>(n));
   for (int i = 0; i < n; ++i) {
-    callbacks_.push_back(Callback{this, i});
+    cudaStream_t s = nullptr;
+    LAZYDAG_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "create stream");
+    streams_.push_back(s);
     launch_mu_.push_back(std::make_unique<std::mutex>());
   }
-  pending_.resize(static_cast<std::size_t>(n));
-  finished_.assign(static_cast<std::size_t>(n), 0);
   // Freed blocks stay in the pool (no release to the driver at each sync).
   LAZYDAG_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool_, id_), "memory pool");
   std::uint64_t threshold = std::numeric_limits<std::uint64_t>::max();
   LAZYDAG_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold),
                      "pool release threshold");
-  completer_ = std::thread([this] { completer(); });
 }
 
 CudaDevice::~CudaDevice() {
@@ -172,12 +197,11 @@ CudaDevice::~CudaDevice() {
     DeviceScope scope(id_, std::nothrow);
     for (cudaStream_t s : streams_) (void)cudaStreamSynchronize(s);
   }
-  {
-    std::lock_guard lk(done_mu_);
-    stop_ = true;
-  }
-  done_cv_.notify_all();
+  ledger_.stop();
   completer_.join();
+  // Every host function of this device has run (the streams are idle, or
+  // the context is dead and runs none): its slot may go to another device.
+  g_devices[slot_].store(nullptr, std::memory_order_release);
   DeviceScope scope(id_, std::nothrow);
   for (auto& [size, b] : host_free_) {
     (void)cudaFreeHost(b.p);
@@ -239,7 +263,7 @@ void CudaDevice::start_clock(cudaStream_t s) {
 
 // Reads a completed launch's timing events (when `measure`) and returns
 // them to the pool.
-DeviceInterval CudaDevice::interval(const Pending& p, bool measure) noexcept {
+DeviceInterval CudaDevice::interval(const Timing& p, bool measure) noexcept {
   DeviceInterval ran;
   if (p.t0 == nullptr) return ran;
   float ms0 = 0;
@@ -251,13 +275,21 @@ DeviceInterval CudaDevice::interval(const Pending& p, bool measure) noexcept {
   } else if (measure) {
     (void)cudaGetLastError();  // not measured: the node keeps its launch times
   }
-  std::lock_guard lk(events_mu_);
-  free_timing_events_.push_back(p.t0);
-  free_timing_events_.push_back(p.t1);
+  release_timing(p);
   return ran;
 }
 
+void CudaDevice::release_timing(const Timing& t) noexcept {
+  std::lock_guard lk(events_mu_);
+  for (cudaEvent_t e : {t.t0, t.t1}) {
+    if (e != nullptr) free_timing_events_.push_back(e);
+  }
+}
+
+// A launch whose completion event could not be recorded has a null event:
+// it must not enter the pool, where a later launch would draw it.
 void CudaDevice::release_event(const StreamEvent& e) noexcept {
+  if (e.handle == nullptr) return;
   std::lock_guard lk(events_mu_);
   free_events_.push_back(static_cast<cudaEvent_t>(e.handle));
 }
@@ -272,127 +304,105 @@ void CudaDevice::launch(int stream, std::span<const StreamEvent> waits, StreamTa
                        "wait for a producer on another stream");
   }
   cudaEvent_t e = acquire_event();
-  Pending p{&task, nullptr, nullptr};
-  if (profiler::detail::on()) {
-    try {
+  Timing timing;
+  std::uint64_t ticket = 0;
+  try {
+    if (profiler::detail::on()) {
       start_clock(s);
-      p.t0 = acquire_timing_event();
-      p.t1 = acquire_timing_event();
-      LAZYDAG_CUDA_CHECK(cudaEventRecord(p.t0, s), "record a timing event");
-    } catch (...) {
-      release_event(StreamEvent{e, 0});
-      std::lock_guard lk(events_mu_);
-      for (cudaEvent_t t : {p.t0, p.t1}) {
-        if (t != nullptr) free_timing_events_.push_back(t);
-      }
-      throw;
+      timing.t0 = acquire_timing_event();
+      timing.t1 = acquire_timing_event();
+      LAZYDAG_CUDA_CHECK(cudaEventRecord(timing.t0, s), "record a timing event");
     }
-  }
-  {
-    std::lock_guard lk(done_mu_);
-    pending_[static_cast<std::size_t>(stream)].push_back(p);
+    // Throws the device's sticky fault once the completer has seen one.
+    ticket = ledger_.begin(stream, &task, timing);
+  } catch (...) {
+    release_event(StreamEvent{e, 0});
+    release_timing(timing);
+    throw;
   }
   task.run(RunContext{device(), s, -1, stream, this, {}});
-  // From here the node has run: failures are reported through completion.
-  cudaError_t err = p.t1 != nullptr ? cudaEventRecord(p.t1, s) : cudaSuccess;
+  // From here the node has run: failures are reported through completion,
+  // and a fault may report it.
+  ledger_.ran(ticket);
+  cudaError_t err = timing.t1 != nullptr ? cudaEventRecord(timing.t1, s) : cudaSuccess;
   if (err == cudaSuccess) err = cudaEventRecord(e, s);
   if (err == cudaSuccess) {
     done = StreamEvent{e, 0};
-    err = cudaLaunchHostFunc(s, &CudaDevice::on_host, &callbacks_[static_cast<std::size_t>(stream)]);
+    const auto data = static_cast<std::uintptr_t>((ticket << 8) | slot_);
+    err = cudaLaunchHostFunc(s, &CudaDevice::on_host, reinterpret_cast<void*>(data));
   } else {
     release_event(StreamEvent{e, 0});
     done = StreamEvent{};
   }
   if (err != cudaSuccess) {
-    // No host function will report it: wait for the stream here (an error
-    // path); the host functions of earlier launches have run by then, so
-    // one more count completes exactly this task.
+    // No host function will report this launch. Wait for what it enqueued
+    // (an error path), then fail it, and only it: the launches before it
+    // are reported by their own host functions, or failed by the sticky
+    // fault poll when the context is broken (host functions are not called
+    // after an error in the context).
     (void)cudaStreamSynchronize(s);
+    (void)cudaGetLastError();
     std::exception_ptr failure;
     try {
       cuda::throw_cuda_error(err, "record the completion of a launch", "gpu(" + std::to_string(id_) + ")");
     } catch (...) {
       failure = std::current_exception();
     }
-    std::lock_guard lk(done_mu_);
-    late_errors_[&task] = failure;
-    finished_[static_cast<std::size_t>(stream)]++;
-    done_cv_.notify_one();
+    ledger_.fail(ticket, failure);
   }
 }
 
 void CUDART_CB CudaDevice::on_host(void* data) {
-  auto* cb = static_cast<Callback*>(data);
-  CudaDevice* d = cb->device;
-  {
-    std::lock_guard lk(d->done_mu_);
-    d->finished_[static_cast<std::size_t>(cb->stream)]++;
-  }
-  d->done_cv_.notify_one();
+  const auto packed = reinterpret_cast<std::uintptr_t>(data);
+  if (CudaDevice* d = g_devices[packed & 0xFF].load(std::memory_order_acquire)) d->ledger_.signal(packed >> 8);
 }
 
-// Reports completions in launch order per stream. While work is pending it
-// also looks for a sticky device error every 100 ms: a faulted kernel stops
-// the host functions, and the waits must fail instead of hanging.
+// The device's sticky error, if its context has one (a faulted kernel:
+// host functions stop, so the waits must fail instead of hanging), else null.
+std::exception_ptr CudaDevice::sticky_error() noexcept {
+  cudaError_t sticky = cudaSuccess;
+  {
+    DeviceScope scope(id_, std::nothrow);
+    for (cudaStream_t s : streams_) {
+      cudaError_t q = cudaStreamQuery(s);
+      if (q != cudaSuccess && q != cudaErrorNotReady) sticky = q;
+    }
+  }
+  if (sticky == cudaSuccess) return nullptr;
+  try {
+    cuda::throw_cuda_error(sticky, "kernel execution", "gpu(" + std::to_string(id_) + ")");
+  } catch (...) {
+    return std::current_exception();
+  }
+  return nullptr;
+}
+
+// Reports completions, in launch order per stream. While work is pending it
+// also looks for a sticky device error every 100 ms and fails every pending
+// launch with it (the ledger then refuses new launches).
 void CudaDevice::completer() {
   (void)cudaSetDevice(id_);  // this thread serves one device (event timing, queries)
-  std::unique_lock lk(done_mu_);
+  std::vector<CompletionLedger<Timing>::Done> ready;
   for (;;) {
-    std::vector<std::pair<Pending, std::exception_ptr>> ready;
-    for (std::size_t i = 0; i < pending_.size(); ++i) {
-      while (finished_[i] != 0 && !pending_[i].empty()) {
-        --finished_[i];
-        Pending p = pending_[i].front();
-        pending_[i].pop_front();
-        std::exception_ptr e;
-        if (auto it = late_errors_.find(p.task); it != late_errors_.end()) {
-          e = it->second;
-          late_errors_.erase(it);
-        }
-        ready.emplace_back(p, e);
-      }
-    }
-    if (!ready.empty()) {
-      lk.unlock();
-      for (auto& [p, e] : ready) p.task->complete(e, interval(p, !e));
-      lk.lock();
+    ready.clear();
+    if (ledger_.take_ready(ready) != 0) {
+      for (auto& d : ready) d.task->complete(d.error, interval(d.extra, !d.error));
       continue;
     }
-    bool any = false;
-    for (auto& q : pending_) any = any || !q.empty();
-    if (stop_ && !any) return;
-    if (done_cv_.wait_for(lk, std::chrono::milliseconds(100)) == std::cv_status::timeout && any) {
-      lk.unlock();
-      cudaError_t sticky = cudaSuccess;
-      {
-        DeviceScope scope(id_, std::nothrow);
-        for (cudaStream_t s : streams_) {
-          cudaError_t q = cudaStreamQuery(s);
-          if (q != cudaSuccess && q != cudaErrorNotReady) sticky = q;
-        }
-      }
-      lk.lock();
-      if (sticky != cudaSuccess) {
-        std::exception_ptr err;
-        try {
-          cuda::throw_cuda_error(sticky, "kernel execution", "gpu(" + std::to_string(id_) + ")");
-        } catch (...) {
-          err = std::current_exception();
-        }
-        std::vector<Pending> failed;
-        for (std::size_t i = 0; i < pending_.size(); ++i) {
-          failed.insert(failed.end(), pending_[i].begin(), pending_[i].end());
-          pending_[i].clear();
-          finished_[i] = 0;  // no later count may complete a launch made after this
-        }
-        lk.unlock();  // interval() takes events_mu_: never under done_mu_
-        for (const Pending& p : failed) {
-          (void)interval(p, false);
-          p.task->complete(err, DeviceInterval{});
-        }
-        lk.lock();
-      }
+    if (ledger_.pending() == 0) {
+      if (ledger_.stopping()) return;
+      (void)ledger_.wait_ready(std::chrono::milliseconds(100));
+      continue;
     }
+    if (ledger_.wait_ready(std::chrono::milliseconds(100))) continue;
+    std::exception_ptr sticky = sticky_error();
+    if (!sticky && ledger_.stopping()) {
+      // The destructor synchronised every stream: a launch still pending
+      // will not be signalled. Fail it rather than wait forever.
+      sticky = std::make_exception_ptr(
+          Error("gpu(" + std::to_string(id_) + "): launch never reported complete before shutdown"));
+    }
+    if (sticky) ledger_.fault(sticky);
   }
 }
 

@@ -1,6 +1,8 @@
 // The emulated stream device `sim(n)`: one FIFO executor thread per stream,
 // events as per-stream watermarks, memory of its own. It runs the stream and
-// event logic of the scheduler on machines without a GPU.
+// event logic of the scheduler on machines without a GPU, and its completion
+// bookkeeping (CompletionLedger) is the CUDA backend's, fault injection
+// included (sim::fault, sim::fail_completion).
 #pragma once
 
 #include <lazydag/engine/stream.hpp>
@@ -11,8 +13,11 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
+
+#include "stream_ledger.hpp"
 
 namespace lazydag::engine::detail {
 
@@ -43,11 +48,17 @@ class SimDevice final : public StreamDevice {
   [[nodiscard]] void* allocate_host(std::size_t bytes) override;
   void release_host(void* p, std::size_t bytes, void* stream) noexcept override;
 
+  /// sim::fault and sim::fail_completion: what the op running on `stream`
+  /// (this thread must be its executor) injects when it returns.
+  enum class Injected : std::uint8_t { kNone, kFault, kFailCompletion };
+  void inject(void* stream, Injected what, std::string message);
+
  private:
   struct Item {
     std::vector<StreamEvent> waits;
     StreamTask* task = nullptr;
-    std::uint64_t ticket = 0;
+    std::uint64_t ticket = 0;  // the stream's watermark when it has run
+    std::uint64_t launch = 0;  // its ledger ticket
   };
   struct Stream {
     int index = 0;
@@ -58,14 +69,23 @@ class SimDevice final : public StreamDevice {
     std::uint64_t enqueued = 0;           // tickets handed out (under mu)
     std::atomic<std::uint64_t> completed{0};  // the watermark events compare with
     std::thread thread;
+    // Set by the op this stream's executor is running (executor thread only).
+    Injected injected = Injected::kNone;
+    std::string injected_message;
   };
   void executor(Stream& s);
+  void fault_device(std::exception_ptr error);
 
   const int id_;
   const int compute_;
   const unsigned max_delay_us_;
   std::vector<std::unique_ptr<Stream>> streams_;
   std::atomic<std::size_t> in_use_{0};
+
+  // Completions, reported in stream order with their device intervals; the
+  // device's sticky fault.
+  CompletionLedger<DeviceInterval> ledger_;
+  std::atomic<bool> faulted_{false};
 };
 
 }  // namespace lazydag::engine::detail

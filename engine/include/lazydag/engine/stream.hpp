@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <exception>
 #include <span>
+#include <string>
 
 #include <lazydag/engine/engine.hpp>
 
@@ -95,5 +96,24 @@ class StreamDevice {
 
 /// Number of compute streams per stream device, from LAZYDAG_STREAMS (default 2).
 [[nodiscard]] int default_compute_streams();
+
+/// Fault injection on the emulated device, to test what a device fault does
+/// to the engine and to the code above it without a GPU. Both are called
+/// from inside an op running on a sim device (`ctx` is its RunContext) and
+/// take effect when the op returns; anywhere else they throw
+/// InvalidArgument.
+namespace sim {
+/// The device faults as a GPU does when a kernel faults: this op's
+/// completion never comes, nothing enqueued on the device runs any more, the
+/// device fails every pending launch (this one included) with Error(what),
+/// and every later launch on it throws that error. Sticky, like a CUDA
+/// context error: the sim device stays faulted for its engine's lifetime.
+void fault(const RunContext& ctx, std::string what);
+/// Recording this launch's completion fails, as when cudaLaunchHostFunc
+/// fails after the kernels were enqueued: the op has run; it completes with
+/// Error(what) after the launches before it on its stream, and the device
+/// stays usable.
+void fail_completion(const RunContext& ctx, std::string what);
+}  // namespace sim
 
 }  // namespace lazydag::engine

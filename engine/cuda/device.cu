@@ -2,7 +2,9 @@
 // timing (timing events only while the profiler runs), a stream-ordered
 // memory pool (cudaMallocAsync), a pinned staging pool, and completions
 // reported to the scheduler by a completer thread fed from host functions
-// enqueued on the streams (no worker blocks on the GPU). Which launch a
+// (no worker blocks on the GPU). The host functions run on a signal stream
+// beside each stream, behind a wait for the launch's event, so the work
+// stream never stalls on a round trip to the host between two kernels. Which launch a
 // completion belongs to, failed recordings and sticky faults are the
 // CompletionLedger's, shared with the emulated device and tested there.
 #include "../src/cuda_backend.hpp"
@@ -108,6 +110,9 @@ class CudaDevice final : public StreamDevice {
   const int id_;
   const int compute_;
   std::vector<cudaStream_t> streams_;
+  // One per stream: where the host functions that signal its completions
+  // run, each behind a wait for its launch's event.
+  std::vector<cudaStream_t> signal_streams_;
   std::size_t slot_ = 0;  // in g_devices
   // One launch at a time per stream: tickets follow the stream's order.
   std::vector<std::unique_ptr<std::mutex>> launch_mu_;
@@ -168,6 +173,7 @@ CudaDevice::CudaDevice(int id, int compute_streams)
     {
       DeviceScope scope(id_, std::nothrow);
       for (cudaStream_t s : streams_) (void)cudaStreamDestroy(s);
+      for (cudaStream_t s : signal_streams_) (void)cudaStreamDestroy(s);
     }
     g_devices[slot_].store(nullptr, std::memory_order_release);
     throw;
@@ -183,6 +189,9 @@ void CudaDevice::init_streams() {
     cudaStream_t s = nullptr;
     LAZYDAG_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "create stream");
     streams_.push_back(s);
+    cudaStream_t signal = nullptr;
+    LAZYDAG_CUDA_CHECK(cudaStreamCreateWithFlags(&signal, cudaStreamNonBlocking), "create signal stream");
+    signal_streams_.push_back(signal);
     launch_mu_.push_back(std::make_unique<std::mutex>());
   }
   // Freed blocks stay in the pool (no release to the driver at each sync).
@@ -196,6 +205,7 @@ CudaDevice::~CudaDevice() {
   {
     DeviceScope scope(id_, std::nothrow);
     for (cudaStream_t s : streams_) (void)cudaStreamSynchronize(s);
+    for (cudaStream_t s : signal_streams_) (void)cudaStreamSynchronize(s);
   }
   ledger_.stop();
   completer_.join();
@@ -211,6 +221,7 @@ CudaDevice::~CudaDevice() {
   for (cudaEvent_t e : free_timing_events_) (void)cudaEventDestroy(e);
   if (clock_ != nullptr) (void)cudaEventDestroy(clock_);
   for (cudaStream_t s : streams_) (void)cudaStreamDestroy(s);
+  for (cudaStream_t s : signal_streams_) (void)cudaStreamDestroy(s);
 }
 
 cudaEvent_t CudaDevice::acquire_event() {
@@ -328,8 +339,13 @@ void CudaDevice::launch(int stream, std::span<const StreamEvent> waits, StreamTa
   if (err == cudaSuccess) err = cudaEventRecord(e, s);
   if (err == cudaSuccess) {
     done = StreamEvent{e, 0};
+    // The signal stream waits for the launch's event (the wait takes the
+    // event's current record: a later re-record of a recycled event does
+    // not move it) and then calls the host function; `s` goes on at once.
+    cudaStream_t signal = signal_streams_[static_cast<std::size_t>(stream)];
     const auto data = static_cast<std::uintptr_t>((ticket << 8) | slot_);
-    err = cudaLaunchHostFunc(s, &CudaDevice::on_host, reinterpret_cast<void*>(data));
+    err = cudaStreamWaitEvent(signal, e, 0);
+    if (err == cudaSuccess) err = cudaLaunchHostFunc(signal, &CudaDevice::on_host, reinterpret_cast<void*>(data));
   } else {
     release_event(StreamEvent{e, 0});
     done = StreamEvent{};
@@ -341,6 +357,7 @@ void CudaDevice::launch(int stream, std::span<const StreamEvent> waits, StreamTa
     // fault poll when the context is broken (host functions are not called
     // after an error in the context).
     (void)cudaStreamSynchronize(s);
+    (void)cudaStreamSynchronize(signal_streams_[static_cast<std::size_t>(stream)]);
     (void)cudaGetLastError();
     std::exception_ptr failure;
     try {
@@ -363,9 +380,11 @@ std::exception_ptr CudaDevice::sticky_error() noexcept {
   cudaError_t sticky = cudaSuccess;
   {
     DeviceScope scope(id_, std::nothrow);
-    for (cudaStream_t s : streams_) {
-      cudaError_t q = cudaStreamQuery(s);
-      if (q != cudaSuccess && q != cudaErrorNotReady) sticky = q;
+    for (const auto* list : {&streams_, &signal_streams_}) {
+      for (cudaStream_t s : *list) {
+        cudaError_t q = cudaStreamQuery(s);
+        if (q != cudaSuccess && q != cudaErrorNotReady) sticky = q;
+      }
     }
   }
   if (sticky == cudaSuccess) return nullptr;

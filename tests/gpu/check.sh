@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# The GPU check: on a fresh GPU machine, builds lazydag from scratch with
-# CUDA, runs the gpu suite and the NDArray suites with every array on gpu(0),
-# then the GPU benchmark; prints a summary table last. Meant to finish in
-# under 5 minutes on a 16-core machine. Packages the machine lacks are taken
-# from .gpu-deps/*.deb (see fetch-deps.sh) and unpacked into a private root.
+# The GPU check: on a fresh GPU machine, runs the CUDA runtime probe, builds
+# lazydag from scratch with CUDA, runs the gpu suite and the NDArray suites
+# with every array on gpu(0), then the GPU benchmark; prints a summary table
+# last and exits non-zero when anything failed (no usable GPU included).
+# Meant to finish in under 5 minutes on a 16-core machine.
+#
+# Packages the machine lacks are taken from .gpu-deps/*.deb (made by
+# tests/gpu/fetch-deps.sh) and unpacked into a private root. .gpu-deps/ is
+# ignored by git: it reaches a GPU machine only when the copy of the tree
+# sent there names it explicitly (the remote runner's `carry`).
 #   tests/gpu/check.sh [output-dir]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -18,6 +23,7 @@ if ls .gpu-deps/*.deb >/dev/null 2>&1; then
   mkdir -p "$ROOT"
   for f in .gpu-deps/*.deb; do dpkg-deb -x "$f" "$ROOT"; done
   LIB="$ROOT/usr/lib/x86_64-linux-gnu"
+  export PATH="$PATH:$ROOT/usr/bin"  # pkg-config, when the image lacks it
   # The .pc files say prefix=/usr: the sysroot maps their paths into ROOT.
   export PKG_CONFIG_SYSROOT_DIR="$ROOT"
   export PKG_CONFIG_PATH="$LIB/pkgconfig:$LIB/openblas-pthread/pkgconfig:${PKG_CONFIG_PATH:-}"
@@ -35,6 +41,31 @@ if ls .gpu-deps/*.deb >/dev/null 2>&1; then
   ln -sf openblas-pthread/libblas.so.3 "$LIB/libblas.so.3" 2>/dev/null || true
 fi
 
+declare -A result
+# What the build needs from the image itself (CUDA is not fetched): say
+# exactly what is missing instead of failing somewhere in the build.
+missing=()
+command -v nvcc >/dev/null || missing+=("nvcc (the CUDA toolkit)")
+CUDA_INC=$(dirname "$(dirname "$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)")")/include
+[ -f "$CUDA_INC/cublas_v2.h" ] || missing+=("cuBLAS headers ($CUDA_INC/cublas_v2.h)")
+[ -f "$CUDA_INC/cub/cub.cuh" ] || missing+=("CUB headers ($CUDA_INC/cub/cub.cuh)")
+command -v pkg-config >/dev/null || missing+=("pkg-config (fetch-deps.sh fetches it)")
+for tool in meson ninja g++; do command -v $tool >/dev/null || missing+=("$tool"); done
+if [ ${#missing[@]} -ne 0 ]; then
+  printf 'missing: %s\n' "${missing[@]}"
+  exit 1
+fi
+
+echo "== CUDA runtime probe"
+if nvcc -O2 -std=c++17 -arch=native tests/gpu/cuda_runtime_probe.cu -o "$OUT_DIR/cuda_runtime_probe" \
+     >"$OUT_DIR/probe_build.log" 2>&1; then
+  timeout 60 "$OUT_DIR/cuda_runtime_probe" 2>&1 | tee "$OUT_DIR/probe.log"
+  result[probe]=${PIPESTATUS[0]}
+else
+  tail -20 "$OUT_DIR/probe_build.log"
+  result[probe]=build-failed
+fi
+
 echo "== configure and build ($(nproc) cores)"
 # -Dwerror=false: another compiler's new warnings must not cost the check;
 # CI builds with -Werror.
@@ -49,7 +80,6 @@ if ! ninja -C "$BUILD" >"$OUT_DIR/build.log" 2>&1; then
 fi
 echo "build: $(( $(date +%s) - start )) s"
 
-declare -A result
 echo "== gpu suite"
 LAZYDAG_WATCHDOG=60 timeout 120 "$BUILD/tests/test_gpu" --no-intro --duration=true 2>&1 | tee "$OUT_DIR/gpu_suite.log" | tail -25
 result[gpu_suite]=${PIPESTATUS[0]}
@@ -82,5 +112,13 @@ fi
 
 echo
 echo "== summary ($(( $(date +%s) - start )) s)"
-for k in "${!result[@]}"; do printf '%-24s exit %s\n' "$k" "${result[$k]}"; done | sort
+[ "${result[gpu_suite]}" = 77 ] && echo "gpu_suite exit 77: no usable CUDA device (the check checked nothing)"
+failed=0
+for k in "${!result[@]}"; do
+  printf '%-24s exit %s\n' "$k" "${result[$k]}"
+done | sort
+for k in "${!result[@]}"; do [ "${result[$k]}" = 0 ] || failed=1; done
+[ -f "$OUT_DIR/probe.log" ] && sed 's/^/probe: /' "$OUT_DIR/probe.log"
 awk '/^figure/{p=1} p' "$OUT_DIR/bench_gpu.log"
+if [ "$failed" = 0 ]; then echo "check: all passed"; else echo "check: FAILED"; fi
+exit "$failed"

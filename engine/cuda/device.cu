@@ -141,6 +141,8 @@ class CudaDevice final : public StreamDevice {
   };
   std::mutex host_mu_;
   std::multimap<std::size_t, Block> host_free_;
+  std::size_t host_free_bytes_ = 0;  // kept at most kMaxPooledHostBytes (beyond: finished blocks are freed)
+  static constexpr std::size_t kMaxPooledHostBytes = std::size_t{256} << 20;
 };
 
 CudaDevice::CudaDevice(int id, int compute_streams)
@@ -259,8 +261,13 @@ cudaEvent_t CudaDevice::acquire_timing_event() {
 // most the wait's wake-up latency, and lose resolution slowly with the
 // distance from it (float milliseconds: about 1 us after 100 s).
 void CudaDevice::start_clock(cudaStream_t s) {
-  std::lock_guard lk(events_mu_);
-  if (clock_ != nullptr) return;
+  {
+    std::lock_guard lk(events_mu_);
+    if (clock_ != nullptr) return;
+  }
+  // Recorded and waited for outside events_mu_ (a blocking wait must not
+  // hold up the completer and the launches, which take it); the first
+  // launch to finish sets the clock, the others drop theirs.
   cudaEvent_t e = nullptr;
   LAZYDAG_CUDA_CHECK(cudaEventCreate(&e), "create timing event");
   if (cudaError_t err = cudaEventRecord(e, s); err != cudaSuccess || cudaEventSynchronize(e) != cudaSuccess) {
@@ -268,7 +275,13 @@ void CudaDevice::start_clock(cudaStream_t s) {
     cuda::throw_cuda_error(err != cudaSuccess ? err : cudaGetLastError(), "start the profiler's device clock",
                            "gpu(" + std::to_string(id_) + ")");
   }
-  clock_ns_ = profiler::detail::now_ns();
+  const std::uint64_t now = profiler::detail::now_ns();
+  std::lock_guard lk(events_mu_);
+  if (clock_ != nullptr) {
+    (void)cudaEventDestroy(e);
+    return;
+  }
+  clock_ns_ = now;
   clock_ = e;
 }
 
@@ -455,6 +468,7 @@ void* CudaDevice::allocate_host(std::size_t bytes) {
       if (cudaEventQuery(it->second.ready) == cudaSuccess) {
         void* p = it->second.p;
         (void)cudaEventDestroy(it->second.ready);
+        host_free_bytes_ -= it->first;
         host_free_.erase(it);
         return p;
       }
@@ -478,9 +492,27 @@ void CudaDevice::release_host(void* p, std::size_t bytes, void* stream) noexcept
     (void)cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
     if (e == nullptr) (void)cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
   }
+  std::vector<Block> trimmed;
+  {
+    std::lock_guard lk(host_mu_);
+    host_free_.emplace(bytes, Block{p, e});
+    host_free_bytes_ += bytes;
+    // Over the bound: free the largest blocks whose last copy has finished.
+    for (auto it = host_free_.end(); host_free_bytes_ > kMaxPooledHostBytes && it != host_free_.begin();) {
+      --it;
+      if (it->second.ready == nullptr || cudaEventQuery(it->second.ready) == cudaSuccess) {
+        host_free_bytes_ -= it->first;
+        trimmed.push_back(it->second);
+        it = host_free_.erase(it);
+      }
+    }
+  }
+  // Outside the lock: cudaFreeHost may synchronise with the device.
+  for (const Block& b : trimmed) {
+    (void)cudaFreeHost(b.p);
+    if (b.ready != nullptr) (void)cudaEventDestroy(b.ready);
+  }
   (void)cudaSetDevice(previous);
-  std::lock_guard lk(host_mu_);
-  host_free_.emplace(bytes, Block{p, e});
 }
 
 }  // namespace

@@ -578,13 +578,23 @@ NDArray copy_to_device(const NDArray& self, Device dev) {
         reads, writes, push_options(dev, "copyto", bytes, engine::StreamKind::kCopyIn));
     return Access::wrap(out);
   }
-  // device -> host, through a staging buffer ordered by a var of its own
+  // device -> host, through a staging buffer ordered by a var of its own.
+  // The block goes back when the second op has copied it out, or, when that
+  // op never runs (the first failed), with the last closure holding it.
   struct Staging {
     engine::StreamDevice* device = nullptr;
     void* data = nullptr;
     void* stream = nullptr;
+    std::size_t bytes = 0;
+    Staging() = default;
+    Staging(const Staging&) = delete;
+    Staging& operator=(const Staging&) = delete;
+    ~Staging() {
+      if (data != nullptr) device->release_host(data, bytes, stream);
+    }
   };
   auto staging = std::make_shared<Staging>();
+  staging->bytes = bytes;
   const engine::Var stage_var = eng.new_var();
   const engine::Var stage[] = {stage_var};
   try {

@@ -16,8 +16,9 @@ namespace {
 
 void check_cublas(cublasStatus_t st, const char* what) {
   if (st != CUBLAS_STATUS_SUCCESS) {
-    throw CudaError(static_cast<int>(st), std::string(what) + " failed: " + cublasGetStatusName(st) + " (" +
-                                              cublasGetStatusString(st) + ")");
+    throw CudaError(static_cast<int>(st),
+                    std::string(what) + " failed: " + cublasGetStatusName(st) + " (" + cublasGetStatusString(st) + ")",
+                    CudaError::Library::kCublas);
   }
 }
 

@@ -158,7 +158,7 @@ void reduce(void* stream, ReduceOp op, const TensorView& a, bool all, int axis, 
           e = cudaGetLastError();
         }
         (void)cudaFreeAsync(scratch, s);
-        LAZYDAG_CUDA_CHECK(e, "reduce");
+        if (e != cudaSuccess) ::lazydag::cuda::throw_cuda_error(e, "cub::DeviceReduce::Reduce or its finish kernel", "reduce");
       }
     });
   });

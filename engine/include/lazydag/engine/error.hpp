@@ -1,6 +1,7 @@
 // The typed errors every lazydag layer throws; all derive from lazydag::Error.
 #pragma once
 
+#include <cstdint>
 #include <exception>
 #include <stdexcept>
 #include <string>
@@ -36,12 +37,18 @@ class BackendUnavailable : public Error {
 /// the op it served. Thrown through LAZYDAG_CUDA_CHECK.
 class CudaError : public Error {
  public:
-  CudaError(int code, const std::string& message) : Error(message), code_(code) {}
-  /// The cudaError_t (or cublasStatus_t) value.
+  /// Which library's status code() is.
+  enum class Library : std::uint8_t { kRuntime, kCublas };
+  CudaError(int code, const std::string& message, Library library = Library::kRuntime)
+      : Error(message), code_(code), library_(library) {}
+  /// The failed call's status: a cudaError_t when library() is kRuntime, a
+  /// cublasStatus_t when it is kCublas.
   [[nodiscard]] int code() const noexcept { return code_; }
+  [[nodiscard]] Library library() const noexcept { return library_; }
 
  private:
   int code_;
+  Library library_;
 };
 
 /// A blocking call made while sync debugging is in `error` mode.

@@ -1,13 +1,13 @@
 // CUDA matmul through cuBLAS on the node's stream. Row-major C = A x B is
 // the column-major product C^T = B^T x A^T, so no transposes are needed.
-// One cuBLAS handle per (thread, stream): handles are not safe to share
-// between threads that change their stream, and creating one per call costs
+// One cuBLAS handle per stream (see handle_for): creating one per call costs
 // far more than a launch.
 #include "common.cuh"
 
 #include <cublas_v2.h>
 
 #include <map>
+#include <mutex>
 #include <string>
 
 namespace lazydag::ops::cuda {
@@ -22,11 +22,20 @@ void check_cublas(cublasStatus_t st, const char* what) {
   }
 }
 
-// Handles are never destroyed: they may be used until the process ends.
+// One handle per (device, stream), shared by every thread: the engine
+// launches a stream's work under that stream's launch lock, so a handle is
+// never used by two threads at once, and it is bound to its stream once
+// (cuBLAS allows a handle on several threads when its configuration does not
+// change). Per thread and stream, a 16-worker engine with 4 streams per
+// device held 64 handles, each with its own workspace. Handles live until
+// the process ends (a stream's address may be reused by a later stream,
+// which then gets the handle bound to that same value).
 cublasHandle_t handle_for(cudaStream_t stream) {
-  thread_local std::map<std::pair<int, cudaStream_t>, cublasHandle_t> handles;
+  static std::mutex mu;
+  static std::map<std::pair<int, cudaStream_t>, cublasHandle_t> handles;
   int device = 0;
   LAZYDAG_CUDA_CHECK(cudaGetDevice(&device), "matmul");
+  std::lock_guard lk(mu);
   auto it = handles.find({device, stream});
   if (it != handles.end()) return it->second;
   // Cached only once it is bound to the stream: a failed create or set

@@ -8,7 +8,9 @@
 
 #include "check.hpp"
 #include "../src/element.hpp"
+#include "../src/nest.hpp"
 
+#include <array>
 #include <cstdint>
 #include <type_traits>
 
@@ -26,7 +28,13 @@ struct Indexer {
   std::int64_t offset[N] = {};
 
   /// Element offsets of every operand for the row-major linear index i.
+  /// A merged rank of 1 (dense operands, scalars, row-contiguous views)
+  /// needs no division at all.
   __device__ void offsets(std::int64_t i, std::int64_t (&o)[N]) const {
+    if (rank == 1) {
+      for (int k = 0; k < N; ++k) o[k] = offset[k] + i * strides[k][0];
+      return;
+    }
     for (int k = 0; k < N; ++k) o[k] = offset[k];
     for (int d = rank - 1; d >= 0; --d) {
       const std::int64_t idx = i % shape[d];
@@ -36,21 +44,31 @@ struct Indexer {
   }
 };
 
-/// Indexer for `out` and operands broadcast to out.shape (out is the last).
+/// Indexer for `out` and operands broadcast to out.shape (out is the last),
+/// over the merged loop nest the CPU kernels use (ops/src/nest.hpp): size-1
+/// dims dropped and adjacent dims merged where every operand allows, so a
+/// dense op is rank 1 and each element costs no 64-bit division.
 template <int N>
 Indexer<N> make_indexer(const TensorView* const (&views)[N], const Shape& out_shape) {
-  Indexer<N> ix;
-  ix.rank = static_cast<int>(out_shape.size());
-  if (ix.rank > kMaxRank) throw InvalidArgument("CUDA kernels support rank <= 8");
-  for (int d = 0; d < ix.rank; ++d) ix.shape[d] = out_shape[static_cast<std::size_t>(d)];
+  if (out_shape.size() > static_cast<std::size_t>(kMaxRank)) throw InvalidArgument("CUDA kernels support rank <= 8");
+  const std::size_t rank = out_shape.size();
+  std::array<Strides, N> strides;
   for (int k = 0; k < N; ++k) {
     const TensorView& v = *views[k];
-    const int r = static_cast<int>(v.shape.size());
-    for (int d = 0; d < r; ++d) {
-      ix.strides[k][ix.rank - r + d] = v.shape[static_cast<std::size_t>(d)] == 1 ? 0 : v.strides[static_cast<std::size_t>(d)];
+    const std::size_t r = v.shape.size();
+    strides[static_cast<std::size_t>(k)].assign(rank, 0);
+    for (std::size_t d = 0; d < r; ++d) {
+      strides[static_cast<std::size_t>(k)][rank - r + d] = v.shape[d] == 1 ? 0 : v.strides[d];
     }
-    ix.offset[k] = v.offset;
   }
+  const auto nest = ops::detail::make_nest<static_cast<std::size_t>(N)>(out_shape, strides);
+  Indexer<N> ix;
+  ix.rank = nest.rank;
+  for (int d = 0; d < nest.rank; ++d) {
+    ix.shape[d] = nest.shape[static_cast<std::size_t>(d)];
+    for (int k = 0; k < N; ++k) ix.strides[k][d] = nest.strides[static_cast<std::size_t>(k)][static_cast<std::size_t>(d)];
+  }
+  for (int k = 0; k < N; ++k) ix.offset[k] = views[k]->offset;
   return ix;
 }
 

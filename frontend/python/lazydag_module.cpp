@@ -300,8 +300,8 @@ PYBIND11_MODULE(lazydag, m) {
     return nd::random_normal(to_shape(s), device_or(d), seed, mean, sd, dtype_or(t, DType::kFloat32));
   }, py::arg("shape"), py::arg("seed") = 0, py::arg("mean") = 0.0, py::arg("stddev") = 1.0,
      py::arg("dtype") = py::none(), py::arg("device") = py::none());
-  for (auto [name, fn] : {std::pair{"exp", &nd::exp}, std::pair{"log", &nd::log}, std::pair{"sqrt", &nd::sqrt},
-                          std::pair{"tanh", &nd::tanh}, std::pair{"sigmoid", &nd::sigmoid},
+  for (auto [name, fn] : {std::pair{"exp", &nd::exp}, std::pair{"log", &nd::log}, std::pair{"log1p", &nd::log1p},
+                          std::pair{"sqrt", &nd::sqrt}, std::pair{"tanh", &nd::tanh}, std::pair{"sigmoid", &nd::sigmoid},
                           std::pair{"relu", &nd::relu}, std::pair{"abs", &nd::abs}, std::pair{"negative", &nd::neg}}) {
     ndm.def(name, fn);
   }

@@ -192,6 +192,11 @@ void unary(ops::UnaryOp op, const NDArray& x, const NDArray& out) {
         return std::vector<NDArray>{g / s[0]};
       });
       return;
+    case U::kLog1p:
+      attach(name, out, {&x}, {x}, [](const NDArray& g, const std::vector<NDArray>& s, auto&) {
+        return std::vector<NDArray>{g / (s[0] + 1.0)};
+      });
+      return;
     case U::kSqrt:
       attach(name, out, {&x}, {out}, [](const NDArray& g, const std::vector<NDArray>& s, auto&) {
         return std::vector<NDArray>{(g / s[0]) * 0.5};

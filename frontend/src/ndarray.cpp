@@ -969,6 +969,7 @@ NDArray log(const NDArray& a) { return unary_op(ops::UnaryOp::kLog, a); }
 NDArray sqrt(const NDArray& a) { return unary_op(ops::UnaryOp::kSqrt, a); }
 NDArray tanh(const NDArray& a) { return unary_op(ops::UnaryOp::kTanh, a); }
 NDArray sigmoid(const NDArray& a) { return unary_op(ops::UnaryOp::kSigmoid, a); }
+NDArray log1p(const NDArray& a) { return unary_op(ops::UnaryOp::kLog1p, a); }
 NDArray relu(const NDArray& a) { return unary_op(ops::UnaryOp::kRelu, a); }
 NDArray pow(const NDArray& a, const NDArray& b) { return binary_op(ops::BinaryOp::kPow, a, b); }
 NDArray pow(const NDArray& a, double e) { return scalar_op(ops::BinaryOp::kPow, a, e, false); }

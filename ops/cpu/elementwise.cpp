@@ -43,6 +43,7 @@ T apply_unary(UnaryOp op, T x) {
         case UnaryOp::kSqrt: return std::sqrt(x);
         case UnaryOp::kTanh: return std::tanh(x);
         case UnaryOp::kSigmoid: return T(1) / (T(1) + std::exp(-x));
+        case UnaryOp::kLog1p: return std::log1p(x);
         default: break;
       }
     }
@@ -101,6 +102,7 @@ void with_op(UnaryOp op, G&& g) {
     case U::kTanh: return g(std::integral_constant<U, U::kTanh>{});
     case U::kSigmoid: return g(std::integral_constant<U, U::kSigmoid>{});
     case U::kRelu: return g(std::integral_constant<U, U::kRelu>{});
+    case U::kLog1p: return g(std::integral_constant<U, U::kLog1p>{});
   }
   throw std::logic_error("unknown unary op");
 }

@@ -61,6 +61,7 @@ __device__ T apply_unary(UnaryOp op, T x) {
         case UnaryOp::kSqrt: return sqrt(x);
         case UnaryOp::kTanh: return tanh(x);
         case UnaryOp::kSigmoid: return T(1) / (T(1) + exp(-x));
+        case UnaryOp::kLog1p: return log1p(x);
         default: break;
       }
     }

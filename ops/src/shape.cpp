@@ -96,7 +96,7 @@ std::int64_t checked_dim_sum(std::int64_t a, std::int64_t b, std::string_view op
 namespace lazydag::ops {
 
 std::string_view to_string(UnaryOp op) noexcept {
-  constexpr std::string_view names[] = {"neg", "abs", "exp", "log", "sqrt", "tanh", "sigmoid", "relu"};
+  constexpr std::string_view names[] = {"neg", "abs", "exp", "log", "sqrt", "tanh", "sigmoid", "relu", "log1p"};
   return names[static_cast<int>(op)];
 }
 std::string_view to_string(BinaryOp op) noexcept {

@@ -125,6 +125,7 @@ TEST_CASE("unary gradients match finite differences") {
   check_gradient("abs negative", [](auto& x) { return nd::abs(x[0]); }, {{{6}, -2.0, -0.1}});
   check_gradient("exp", [](auto& x) { return nd::exp(x[0]); }, {{{2, 3}}});
   check_gradient("log", [](auto& x) { return nd::log(x[0]); }, {{{2, 3}, 0.5, 3.0}});
+  check_gradient("log1p", [](auto& x) { return nd::log1p(x[0]); }, {{{2, 3}, -0.5, 3.0}});
   check_gradient("sqrt", [](auto& x) { return nd::sqrt(x[0]); }, {{{2, 3}, 0.5, 3.0}});
   check_gradient("tanh", [](auto& x) { return nd::tanh(x[0]); }, {{{7}}});
   check_gradient("sigmoid", [](auto& x) { return nd::sigmoid(x[0]); }, {{{7}}});

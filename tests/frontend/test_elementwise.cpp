@@ -251,6 +251,7 @@ TEST_SUITE("ndarray") {
         {"relu", nd::relu, [](double x) { return x > 0 ? x : 0.0; }, false, -5, 5},
         {"exp", nd::exp, [](double x) { return std::exp(x); }, true, -5, 5},
         {"log", nd::log, [](double x) { return std::log(x); }, true, 0.01, 5},
+        {"log1p", nd::log1p, [](double x) { return std::log1p(x); }, true, -0.99, 5},
         {"sqrt", nd::sqrt, [](double x) { return std::sqrt(x); }, true, 0, 5},
         {"tanh", nd::tanh, [](double x) { return std::tanh(x); }, true, -5, 5},
         {"sigmoid", nd::sigmoid, [](double x) { return 1.0 / (1.0 + std::exp(-x)); }, true, -8, 8},

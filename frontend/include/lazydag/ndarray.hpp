@@ -285,6 +285,8 @@ template <class T>
 [[nodiscard]] NDArray sqrt(const NDArray& a);
 [[nodiscard]] NDArray tanh(const NDArray& a);
 [[nodiscard]] NDArray sigmoid(const NDArray& a);
+/// log(1 + x), accurate for small x (std::log1p); float dtypes.
+[[nodiscard]] NDArray log1p(const NDArray& a);
 [[nodiscard]] NDArray relu(const NDArray& a);
 [[nodiscard]] NDArray pow(const NDArray& a, const NDArray& b);
 [[nodiscard]] NDArray pow(const NDArray& a, double exponent);

@@ -50,12 +50,12 @@ def test_scalars_take_the_array_dtype():
         i / 0.4
 
 
-@pytest.mark.parametrize("name", ["exp", "log", "tanh", "sigmoid", "sqrt", "relu", "abs"])
+@pytest.mark.parametrize("name", ["exp", "log", "log1p", "tanh", "sigmoid", "sqrt", "relu", "abs"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_unary_math_matches_numpy(name, dtype):
-    x = rand((1000,), dtype, lo=0.01 if name in ("log", "sqrt") else -20, hi=20)
+    x = rand((1000,), dtype, lo=0.01 if name in ("log", "log1p", "sqrt") else -20, hi=20)
     ref = {"exp": np.exp, "log": np.log, "tanh": np.tanh, "sqrt": np.sqrt, "abs": np.abs,
-           "relu": lambda v: np.maximum(v, 0), "sigmoid": lambda v: 1 / (1 + np.exp(-v))}[name]
+           "relu": lambda v: np.maximum(v, 0), "sigmoid": lambda v: 1 / (1 + np.exp(-v)), "log1p": np.log1p}[name]
     got = getattr(nd, name)(nd.array(x)).asnumpy()
     np.testing.assert_allclose(got, ref(x.astype(np.float64)), rtol=2e-6 if dtype == np.float32 else 1e-14,
                                atol=1e-30)

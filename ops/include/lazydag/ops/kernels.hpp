@@ -23,7 +23,7 @@ struct TensorView {
   std::int64_t offset = 0;
 };
 
-enum class UnaryOp : std::uint8_t { kNeg, kAbs, kExp, kLog, kSqrt, kTanh, kSigmoid, kRelu };
+enum class UnaryOp : std::uint8_t { kNeg, kAbs, kExp, kLog, kSqrt, kTanh, kSigmoid, kRelu, kLog1p };
 enum class BinaryOp : std::uint8_t { kAdd, kSub, kMul, kDiv, kPow, kMax, kMin };
 enum class CompareOp : std::uint8_t { kEq, kNe, kLt, kLe, kGt, kGe };
 enum class ReduceOp : std::uint8_t { kSum, kMean, kMax, kMin, kArgmax };

@@ -1,7 +1,7 @@
 // The Python module `lazydag`: NDArray and its operators, devices, waits and
-// engine statistics, with NumPy interop (asnumpy, __array__, nd.array of a
-// NumPy array). The GIL is released around every blocking call (waits,
-// item, asnumpy, printing); running nodes never need it (they run C++
+// engine statistics, with NumPy interop (asnumpy, __array__, the buffer
+// protocol, nd.array of a NumPy array). The GIL is released around every
+// blocking call (waits, item, asnumpy, the buffer export, printing); running nodes never need it (they run C++
 // kernels), so a Python thread blocked in a wait never stops the engine.
 #include <lazydag/lazydag.hpp>
 
@@ -13,6 +13,7 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -79,6 +80,86 @@ py::array asnumpy(const NDArray& a) {
   throw InvalidArgument("asnumpy: unknown dtype");
 }
 
+// The buffer protocol: a CPU array's memory without a copy (NumPy's asarray
+// and memoryview use it). An implicit blocker with the GIL released: a
+// read-only export waits to read; a writable one (asked for with
+// PyBUF_WRITABLE) waits to write and counts as an in-place write. The view
+// holds this Python object, hence the storage; arrays on sim or gpu are
+// refused (copyto(cpu()) first).
+PyObject* g_invalid_argument = nullptr;  // lazydag.InvalidArgument
+
+struct BufferExport {
+  HostBuffer memory;
+  std::string format;
+  std::vector<Py_ssize_t> shape;
+  std::vector<Py_ssize_t> strides;  // bytes
+};
+
+extern "C" int get_buffer(PyObject* obj, Py_buffer* view, int flags) {
+  if (view == nullptr) {
+    PyErr_SetString(PyExc_BufferError, "lazydag.NDArray: no Py_buffer to fill");
+    return -1;
+  }
+  const bool writable = (flags & PyBUF_WRITABLE) == PyBUF_WRITABLE;
+  auto e = std::make_unique<BufferExport>();
+  try {
+    const auto& a = py::handle(obj).cast<const NDArray&>();
+    {
+      py::gil_scoped_release nogil;
+      e->memory = a.host_buffer(writable);
+    }
+  } catch (py::error_already_set& err) {
+    err.restore();
+    return -1;
+  } catch (const InvalidArgument& x) {
+    PyErr_SetString(g_invalid_argument != nullptr ? g_invalid_argument : PyExc_BufferError, x.what());
+    return -1;
+  } catch (const std::exception& x) {
+    PyErr_SetString(PyExc_BufferError, x.what());
+    return -1;
+  }
+  const HostBuffer& b = e->memory;
+  const auto item = static_cast<Py_ssize_t>(size_of(b.dtype));
+  switch (b.dtype) {
+    case DType::kFloat32: e->format = py::format_descriptor<float>::format(); break;
+    case DType::kFloat64: e->format = py::format_descriptor<double>::format(); break;
+    case DType::kInt32: e->format = py::format_descriptor<std::int32_t>::format(); break;
+    case DType::kInt64: e->format = py::format_descriptor<std::int64_t>::format(); break;
+    case DType::kBool: e->format = py::format_descriptor<bool>::format(); break;
+  }
+  Py_ssize_t count = 1;
+  bool contiguous = true;
+  Py_ssize_t expected = item;
+  for (std::size_t d = b.shape.size(); d-- > 0;) {
+    count *= static_cast<Py_ssize_t>(b.shape[d]);
+    if (b.shape[d] != 1 && static_cast<Py_ssize_t>(b.strides[d]) * item != expected) contiguous = false;
+    expected *= static_cast<Py_ssize_t>(b.shape[d]);
+  }
+  if ((flags & PyBUF_STRIDES) != PyBUF_STRIDES && !contiguous) {
+    PyErr_SetString(PyExc_BufferError, "lazydag.NDArray: this view is not C-contiguous; ask for strides");
+    return -1;
+  }
+  for (std::size_t d = 0; d < b.shape.size(); ++d) {
+    e->shape.push_back(static_cast<Py_ssize_t>(b.shape[d]));
+    e->strides.push_back(static_cast<Py_ssize_t>(b.strides[d]) * item);
+  }
+  view->obj = obj;
+  Py_INCREF(obj);
+  view->buf = b.data;
+  view->len = count * item;
+  view->readonly = writable ? 0 : 1;
+  view->itemsize = item;
+  view->format = (flags & PyBUF_FORMAT) == PyBUF_FORMAT ? e->format.data() : nullptr;
+  view->ndim = static_cast<int>(b.shape.size());
+  view->shape = (flags & PyBUF_ND) == PyBUF_ND ? e->shape.data() : nullptr;
+  view->strides = (flags & PyBUF_STRIDES) == PyBUF_STRIDES ? e->strides.data() : nullptr;
+  view->suboffsets = nullptr;
+  view->internal = e.release();
+  return 0;
+}
+
+extern "C" void release_buffer(PyObject*, Py_buffer* view) { delete static_cast<BufferExport*>(view->internal); }
+
 // nd.array: from a NumPy array (or anything numpy.asarray takes).
 NDArray from_numpy(const py::object& obj, const py::object& dtype, const py::object& device) {
   py::module_ np = py::module_::import("numpy");
@@ -130,6 +211,7 @@ PYBIND11_MODULE(lazydag, m) {
   // Errors: lazydag.Error and its kinds, ValueError for bad input.
   static py::exception<Error> error(m, "Error", PyExc_RuntimeError);
   static py::exception<InvalidArgument> invalid(m, "InvalidArgument", PyExc_ValueError);
+  g_invalid_argument = invalid.ptr();
   static py::exception<DeviceMismatch> mismatch(m, "DeviceMismatch", PyExc_ValueError);
   static py::exception<OpError> op_error(m, "OpError", error.ptr());
   static py::exception<BackendUnavailable> unavailable(m, "BackendUnavailable", error.ptr());
@@ -165,7 +247,13 @@ PYBIND11_MODULE(lazydag, m) {
   m.def("default_device", &default_device);
   m.def("set_default_device", &set_default_device);
 
-  py::class_<NDArray> arr(m, "NDArray");
+  py::class_<NDArray> arr(m, "NDArray", py::buffer_protocol());
+  // Our own slots: pybind11's call the export without catching, so a
+  // refused export (an array on sim) would terminate, and cannot see
+  // whether a writable buffer was asked for.
+  auto* type = reinterpret_cast<PyTypeObject*>(arr.ptr());
+  type->tp_as_buffer->bf_getbuffer = &get_buffer;
+  type->tp_as_buffer->bf_releasebuffer = &release_buffer;
   arr.def_property_readonly("shape", [](const NDArray& a) { return shape_tuple(a.shape()); })
       .def_property_readonly("dtype", [](const NDArray& a) { return py::module_::import("numpy").attr("dtype")(std::string(to_string(a.dtype()))); })
       .def_property_readonly("device", &NDArray::device)

@@ -487,6 +487,28 @@ void NDArray::wait_to_write(std::source_location where) const {
                              engine::CallSite{engine::BlockingCall::kWaitToWrite, where});
 }
 
+HostBuffer NDArray::host_buffer(bool writable, std::source_location where) const {
+  const StatePtr& s = Access::state(*this, "host_buffer");
+  if (s->storage->device.is_stream_device()) {
+    throw InvalidArgument("host_buffer: the array is on " + s->storage->device.str() +
+                          ", whose memory the host cannot read; data never moves between devices "
+                          "implicitly: export a.copyto(cpu()) instead");
+  }
+  if (writable) {
+    wait_to_write(where);
+    s->storage->version.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    wait_to_read(where);
+  }
+  HostBuffer b;
+  b.data = static_cast<unsigned char*>(s->storage->data) + static_cast<std::size_t>(s->offset) * size_of(s->dtype);
+  b.shape = s->shape;
+  b.strides = s->strides;
+  b.dtype = s->dtype;
+  b.keep_alive = s;
+  return b;
+}
+
 void NDArray::read_into(void* dst, DType expected, std::int64_t expected_size, const char* call,
                         const engine::CallSite& site) const {
   const StatePtr& s = Access::state(*this, call);

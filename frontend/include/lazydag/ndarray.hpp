@@ -60,6 +60,16 @@ struct ArrayState {
 struct Access;
 }  // namespace detail
 
+/// A CPU array's memory, exported without a copy (NDArray::host_buffer).
+struct HostBuffer {
+  void* data = nullptr;  ///< the first element
+  Shape shape;
+  Strides strides;       ///< in elements
+  DType dtype = DType::kFloat32;
+  /// Keeps the memory alive (the array's storage) for as long as it is held.
+  std::shared_ptr<const void> keep_alive;
+};
+
 /// A handle to an array. Copying a handle is cheap and shares the storage;
 /// `copy()` is a recorded deep copy. Every member function is non-blocking
 /// unless its brief says otherwise, and throws at the call site (recording
@@ -95,6 +105,14 @@ class NDArray {
   void wait_to_read(std::source_location where = std::source_location::current()) const;
   /// Blocks until every recorded read and write of this array is done.
   void wait_to_write(std::source_location where = std::source_location::current()) const;
+  /// Blocks; this CPU array's memory without a copy, for exporting it
+  /// (Python's buffer protocol, DLPack): waits to read (`writable`: to
+  /// write, and counts as an in-place write for autograd). The memory stays
+  /// valid while the result's keep_alive is held; writes recorded later
+  /// change it when they run. InvalidArgument for an array on a stream
+  /// device: data never moves implicitly (export copyto(cpu()) instead).
+  [[nodiscard]] HostBuffer host_buffer(bool writable = false,
+                                       std::source_location where = std::source_location::current()) const;
   /// Blocks; the single element of a size-1 array. T must match dtype().
   template <class T>
   [[nodiscard]] T item(std::source_location where = std::source_location::current()) const {

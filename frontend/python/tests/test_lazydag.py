@@ -1,6 +1,8 @@
 """The Python module against NumPy on random inputs: elementwise ops with
 broadcasting, unary math, reductions, matmul, dtypes, devices, errors, and
 the GIL released while a wait blocks."""
+import ctypes
+import io
 import threading
 
 import numpy as np
@@ -102,6 +104,42 @@ def test_creation_dtypes_and_numpy_interop():
     # a non-contiguous NumPy input is copied in logical order
     x = rand((5, 6))
     np.testing.assert_array_equal(nd.array(x.T).asnumpy(), x.T)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64, np.bool_])
+def test_the_buffer_protocol_exports_cpu_memory_without_a_copy(dtype):
+    x = rand((6, 5), dtype) if dtype != np.bool_ else rand((6, 5)) > 0
+    a = nd.array(x)
+    y = a.T if dtype != np.bool_ else a
+    before = lazydag.engine_stats()["blocking_waits"]
+    m = memoryview(y)  # a blocker: waits for y's writes
+    assert lazydag.engine_stats()["blocking_waits"] >= before + 1
+    assert m.readonly and m.shape == y.shape
+    v = np.asarray(y)
+    np.testing.assert_array_equal(v, x.T if dtype != np.bool_ else x)
+    if dtype == np.float32:
+        # the same memory: a later in-place op shows through once it has run
+        assert not v.flags.owndata
+        a += 1
+        a.wait_to_read()
+        np.testing.assert_array_equal(v, x.T + 1)
+        with pytest.raises(ValueError):
+            v[0, 0] = 3  # read-only
+    # a pending write is waited for
+    z = nd.array(np.arange(4, dtype=np.float64)) * 2
+    np.testing.assert_array_equal(np.asarray(memoryview(z)), [0, 2, 4, 6])
+    # memory of another device is never exported implicitly
+    with pytest.raises(lazydag.InvalidArgument, match="copyto"):
+        memoryview(nd.array(np.ones(3)).copyto(lazydag.sim(0)))
+
+
+def test_a_writable_export_waits_to_write_and_writes_through():
+    a = nd.zeros((4,)) + 1  # a pending write
+    want = np.array([7, 8, 9, 10], dtype=np.float32)
+    assert io.BytesIO(want.tobytes()).readinto(a) == 16  # asks for a writable buffer
+    np.testing.assert_array_equal(a.asnumpy(), want)
+    with pytest.raises(BufferError, match="not C-contiguous"):
+        (ctypes.c_float * 4).from_buffer_copy(a.reshape((2, 2)).T)  # asks for a plain contiguous buffer
 
 
 def test_devices_are_explicit():

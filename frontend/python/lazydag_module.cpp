@@ -1,12 +1,13 @@
 // The Python module `lazydag`: NDArray and its operators, devices, waits and
 // engine statistics, with NumPy interop (asnumpy, __array__, the buffer
-// protocol, nd.array of a NumPy array). The GIL is released around every
+// protocol, DLPack, nd.array of a NumPy array). The GIL is released around every
 // blocking call (waits, item, asnumpy, the buffer export, printing); running nodes never need it (they run C++
 // kernels), so a Python thread blocked in a wait never stops the engine.
 #include <lazydag/lazydag.hpp>
 
 #include "config.hpp"
 
+#include <dlpack/dlpack.h>
 #include <pybind11/numpy.h>
 #include <pybind11/operators.h>
 #include <pybind11/pybind11.h>
@@ -160,6 +161,65 @@ extern "C" int get_buffer(PyObject* obj, Py_buffer* view, int flags) {
 
 extern "C" void release_buffer(PyObject*, Py_buffer* view) { delete static_cast<BufferExport*>(view->internal); }
 
+// DLPack 0.6 (__dlpack__ / __dlpack_device__): a CPU array's memory to any
+// DLPack consumer (numpy.from_dlpack, torch.from_dlpack) without a copy.
+// DLPack has no read-only flag, so the export waits to write and counts as
+// an in-place write; the capsule holds the storage until the consumer's
+// deleter (or the unconsumed capsule's destructor) lets it go.
+struct DlpackExport {
+  HostBuffer memory;
+  std::vector<std::int64_t> shape;
+  std::vector<std::int64_t> strides;  // elements
+  DLManagedTensor managed{};
+};
+
+void dlpack_deleter(DLManagedTensor* t) { delete static_cast<DlpackExport*>(t->manager_ctx); }
+
+py::capsule to_dlpack(const NDArray& a, const py::object& stream) {
+  if (!stream.is_none()) {
+    throw InvalidArgument("__dlpack__: stream must be None for a CPU array (got " +
+                          std::string(py::str(stream)) + ")");
+  }
+  DLDataType type{};
+  type.lanes = 1;
+  switch (a.dtype()) {
+    case DType::kFloat32: type = {kDLFloat, 32, 1}; break;
+    case DType::kFloat64: type = {kDLFloat, 64, 1}; break;
+    case DType::kInt32: type = {kDLInt, 32, 1}; break;
+    case DType::kInt64: type = {kDLInt, 64, 1}; break;
+    case DType::kBool:
+      throw InvalidArgument("__dlpack__: DLPack 0.6 has no bool type; export a.astype('int32') or use the "
+                            "buffer protocol (np.asarray(a))");
+  }
+  auto e = std::make_unique<DlpackExport>();
+  {
+    py::gil_scoped_release nogil;
+    e->memory = a.host_buffer(/*writable=*/true);
+  }
+  e->shape.assign(e->memory.shape.begin(), e->memory.shape.end());
+  e->strides.assign(e->memory.strides.begin(), e->memory.strides.end());
+  DLTensor& t = e->managed.dl_tensor;
+  t.data = e->memory.data;
+  t.device = DLDevice{kDLCPU, 0};
+  t.ndim = static_cast<std::int32_t>(e->shape.size());
+  t.dtype = type;
+  t.shape = e->shape.data();
+  t.strides = e->strides.data();
+  t.byte_offset = 0;
+  e->managed.manager_ctx = e.get();
+  e->managed.deleter = &dlpack_deleter;
+  DLManagedTensor* managed = &e->managed;
+  // A capsule nobody consumed (still named "dltensor") frees the export.
+  py::capsule capsule(managed, "dltensor", [](PyObject* c) {
+    if (PyCapsule_IsValid(c, "dltensor") != 0) {
+      auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(c, "dltensor"));
+      m->deleter(m);
+    }
+  });
+  e.release();
+  return capsule;
+}
+
 // nd.array: from a NumPy array (or anything numpy.asarray takes).
 NDArray from_numpy(const py::object& obj, const py::object& dtype, const py::object& device) {
   py::module_ np = py::module_::import("numpy");
@@ -277,6 +337,15 @@ PYBIND11_MODULE(lazydag, m) {
         return asnumpy(a).attr("reshape")(py::tuple()).attr("item")();
       })
       .def("asnumpy", &asnumpy, "a NumPy copy (blocks until the array's writes are done)")
+      .def("__dlpack__", &to_dlpack, py::arg("stream") = py::none(),
+           "DLPack capsule of a CPU array's memory (blocks: waits to write)")
+      .def("__dlpack_device__", [](const NDArray& a) {
+        if (a.device().is_stream_device()) {
+          throw InvalidArgument("__dlpack_device__: the array is on " + a.device().str() +
+                                "; export a.copyto(lazydag.cpu()) (data never moves implicitly)");
+        }
+        return py::make_tuple(static_cast<int>(kDLCPU), 0);
+      })
       .def("__array__", [](const NDArray& a, const py::object& dtype) {
         py::array r = asnumpy(a);
         return dtype.is_none() ? r : py::array(r.attr("astype")(dtype));

@@ -142,6 +142,25 @@ def test_a_writable_export_waits_to_write_and_writes_through():
         (ctypes.c_float * 4).from_buffer_copy(a.reshape((2, 2)).T)  # asks for a plain contiguous buffer
 
 
+def test_dlpack_shares_cpu_memory():
+    x = rand((4, 3))
+    a = nd.array(x) * 1  # a pending write
+    assert a.__dlpack_device__() == (1, 0)  # kDLCPU
+    v = np.from_dlpack(a.T)
+    np.testing.assert_array_equal(v, x.T)
+    a += 1  # the same memory: the in-place op shows through once it has run
+    a.wait_to_read()
+    np.testing.assert_array_equal(v, x.T + 1)
+    w = np.from_dlpack(nd.array(np.arange(6, dtype=np.int64)).reshape((2, 3)))
+    np.testing.assert_array_equal(w, np.arange(6).reshape(2, 3))
+    c = a.__dlpack__()  # never consumed: its destructor lets the storage go
+    del c
+    with pytest.raises(lazydag.InvalidArgument, match="copyto"):
+        np.from_dlpack(a.copyto(lazydag.sim(0)))
+    with pytest.raises(lazydag.InvalidArgument, match="bool"):
+        (a > 0).__dlpack__()
+
+
 def test_devices_are_explicit():
     x = rand((8,))
     a = nd.array(x)

@@ -60,18 +60,39 @@ Registry& registry() {
   return *r;
 }
 
+thread_local const ForeignCallSite* tls_foreign_site = nullptr;
+
+// Where a blocking call was made: the innermost ForeignCallSite of this
+// thread, else the C++ source location.
+struct Where {
+  std::string file;
+  std::uint32_t line;
+  std::string function;
+};
+Where where_of(const CallSite& site) {
+  if (const ForeignCallSite* f = tls_foreign_site) return {f->file(), f->line(), f->function()};
+  return {site.where.file_name(), site.where.line(), site.where.function_name()};
+}
+
 Key key_of(const CallSite& site) {
-  return {site.where.file_name(), site.where.line(), site.where.function_name(), site.kind};
+  Where w = where_of(site);
+  return {std::move(w.file), w.line, std::move(w.function), site.kind};
 }
 
 std::string describe(const CallSite& site) {
+  const Where w = where_of(site);
   std::ostringstream os;
-  os << to_string(site.kind) << "() at " << site.where.file_name() << ':' << site.where.line()
-     << " in " << site.where.function_name();
+  os << to_string(site.kind) << "() at " << w.file << ':' << w.line << " in " << w.function;
   return os.str();
 }
 
 }  // namespace
+
+ForeignCallSite::ForeignCallSite(std::string file, std::uint32_t line, std::string function)
+    : file_(std::move(file)), line_(line), function_(std::move(function)), outer_(tls_foreign_site) {
+  tls_foreign_site = this;
+}
+ForeignCallSite::~ForeignCallSite() { tls_foreign_site = outer_; }
 
 void set_sync_debug(SyncDebug m) noexcept { mode().store(m, std::memory_order_relaxed); }
 SyncDebug sync_debug() noexcept { return mode().load(std::memory_order_relaxed); }
@@ -124,8 +145,8 @@ void sync_debug_enter(const CallSite& site) {
     std::lock_guard lk(r.mu);
     auto [it, inserted] = r.sites.try_emplace(key_of(site));
     if (inserted) {
-      it->second = BlockingSite{site.where.file_name(), site.where.line(), site.where.function_name(),
-                                site.kind, 0, 0.0};
+      Where w = where_of(site);
+      it->second = BlockingSite{std::move(w.file), w.line, std::move(w.function), site.kind, 0, 0.0};
       first = true;
     }
     ++it->second.count;

@@ -1,8 +1,12 @@
 // The Python module `lazydag`: NDArray and its operators, devices, waits and
 // engine statistics, with NumPy interop (asnumpy, __array__, the buffer
-// protocol, DLPack, nd.array of a NumPy array). The GIL is released around every
-// blocking call (waits, item, asnumpy, the buffer export, printing); running nodes never need it (they run C++
-// kernels), so a Python thread blocked in a wait never stops the engine.
+// protocol, DLPack, nd.array of a NumPy array), the profiler and sync
+// debugging. Every blocking call (waits, item, asnumpy, the exports,
+// printing) names its Python caller for sync debugging and releases the
+// GIL; running nodes never need it (they run C++ kernels), so a Python
+// thread blocked in a wait never stops the engine.
+#include <lazydag/engine/profiler.hpp>
+#include <lazydag/engine/sync_debug.hpp>
 #include <lazydag/lazydag.hpp>
 
 #include "config.hpp"
@@ -15,6 +19,7 @@
 
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -49,13 +54,39 @@ py::tuple shape_tuple(const Shape& s) {
   return t;
 }
 
+// The Python caller of a blocking call, for sync debugging: its file, line
+// and function, read from the current frame (only while sync debugging is
+// on). The GIL must be held.
+class PythonSite {
+ public:
+  PythonSite() {
+    if (engine::sync_debug() == engine::SyncDebug::kOff) return;
+    PyFrameObject* frame = PyEval_GetFrame();  // borrowed; null outside Python code
+    if (frame == nullptr) return;
+    const int line = PyFrame_GetLineNumber(frame);
+    py::object code = py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(PyFrame_GetCode(frame)));
+    site_.emplace(py::str(code.attr("co_filename")).cast<std::string>(), static_cast<std::uint32_t>(line),
+                  py::str(code.attr("co_name")).cast<std::string>());
+  }
+
+ private:
+  std::optional<engine::ForeignCallSite> site_;
+};
+
+// Around every blocking call: names the Python caller (GIL held), then
+// releases the GIL for the wait; the GIL comes back before the site goes.
+class Blocking {
+  PythonSite site_;
+  py::gil_scoped_release nogil_;
+};
+
 // A NumPy array holding a copy of `a` (blocks: a wait to read, GIL released).
 py::array asnumpy(const NDArray& a) {
   const Shape shape = a.shape();
   auto fill = [&]<class T>(py::array_t<T> out) {
     std::vector<T> v;
     {
-      py::gil_scoped_release nogil;
+      Blocking nogil;
       v = a.to_vector<T>();
     }
     if (!v.empty()) std::memcpy(out.mutable_data(), v.data(), v.size() * sizeof(T));
@@ -69,7 +100,7 @@ py::array asnumpy(const NDArray& a) {
     case DType::kBool: {
       std::vector<bool> v;
       {
-        py::gil_scoped_release nogil;
+        Blocking nogil;
         v = a.to_vector<bool>();
       }
       py::array_t<bool> out(shape);
@@ -106,7 +137,7 @@ extern "C" int get_buffer(PyObject* obj, Py_buffer* view, int flags) {
   try {
     const auto& a = py::handle(obj).cast<const NDArray&>();
     {
-      py::gil_scoped_release nogil;
+      Blocking nogil;
       e->memory = a.host_buffer(writable);
     }
   } catch (py::error_already_set& err) {
@@ -193,7 +224,7 @@ py::capsule to_dlpack(const NDArray& a, const py::object& stream) {
   }
   auto e = std::make_unique<DlpackExport>();
   {
-    py::gil_scoped_release nogil;
+    Blocking nogil;
     e->memory = a.host_buffer(/*writable=*/true);
   }
   e->shape.assign(e->memory.shape.begin(), e->memory.shape.end());
@@ -256,7 +287,7 @@ NDArray reduce(const NDArray& a, const py::object& axis, bool keepdims,
 std::string repr(const NDArray& a) {
   std::ostringstream os;
   {
-    py::gil_scoped_release nogil;
+    Blocking nogil;
     os << a;
   }
   return os.str();
@@ -325,11 +356,11 @@ PYBIND11_MODULE(lazydag, m) {
       })
       // blockers: the GIL is released while they wait
       .def("wait_to_read", [](const NDArray& a) {
-        py::gil_scoped_release nogil;
+        Blocking nogil;
         a.wait_to_read();
       })
       .def("wait_to_write", [](const NDArray& a) {
-        py::gil_scoped_release nogil;
+        Blocking nogil;
         a.wait_to_write();
       })
       .def("item", [](const NDArray& a) -> py::object {
@@ -473,11 +504,11 @@ PYBIND11_MODULE(lazydag, m) {
   ndm.def("dot", &nd::dot);
   ndm.def("concat", &nd::concat, py::arg("arrays"), py::arg("axis") = 0);
   ndm.def("waitall", [] {
-    py::gil_scoped_release nogil;
+    Blocking nogil;
     nd::waitall();
   }, "blocks until everything recorded is done (the GIL is released meanwhile)");
   m.def("waitall", [] {
-    py::gil_scoped_release nogil;
+    Blocking nogil;
     nd::waitall();
   });
 
@@ -494,6 +525,44 @@ PYBIND11_MODULE(lazydag, m) {
     d["blocked_ns"] = s.blocked_ns;
     return d;
   }, "the process-wide engine's counters");
+  // Sync debugging (docs/profiling.md): blocking calls are attributed to
+  // the Python file and line that made them.
+  m.def("set_sync_debug", [](const std::string& mode) { engine::set_sync_debug(engine::parse_sync_debug(mode)); },
+        "'off', 'warn' (report each blocking call site once, and a summary at exit) or 'error' (refuse them)");
+  m.def("sync_debug", [] {
+    switch (engine::sync_debug()) {
+      case engine::SyncDebug::kOff: return "off";
+      case engine::SyncDebug::kWarn: return "warn";
+      case engine::SyncDebug::kError: return "error";
+    }
+    return "off";
+  });
+  m.def("blocking_sites", [] {
+    py::list out;
+    for (const engine::BlockingSite& b : engine::blocking_sites()) {
+      py::dict d;
+      d["file"] = b.file;
+      d["line"] = b.line;
+      d["function"] = b.function;
+      d["kind"] = std::string(engine::to_string(b.kind));
+      d["count"] = b.count;
+      d["blocked_seconds"] = b.blocked_seconds;
+      out.append(d);
+    }
+    return out;
+  }, "every blocking call site seen while sync debugging was on, most blocked time first");
+  m.def("blocking_report", &engine::blocking_report);
+  m.def("clear_blocking_sites", &engine::clear_blocking_sites);
+  // The profiler: a Chrome/Perfetto trace of every node (docs/profiling.md).
+  py::module_ prof = m.def_submodule("profiler", "the engine's trace profiler");
+  prof.def("start", &profiler::start);
+  prof.def("stop", &profiler::stop);
+  prof.def("running", &profiler::running);
+  prof.def("dump", [](const std::string& path) {
+    py::gil_scoped_release nogil;
+    profiler::dump(path);
+  }, py::arg("path"), "writes the trace as JSON (chrome://tracing, ui.perfetto.dev)");
+  prof.def("event_count", &profiler::event_count);
   m.def("engine_policy", [] { return std::string(engine::to_string(nd::engine().policy())); });
   m.def("num_threads", [] { return nd::engine().num_threads(); });
 
@@ -509,7 +578,7 @@ PYBIND11_MODULE(lazydag, m) {
     return nd::permutation(n, seed, device_or(d));
   }, py::arg("n"), py::arg("seed") = 0, py::arg("device") = py::none());
   ndm.def("save_npy", [](const std::string& path, const NDArray& a) {
-    py::gil_scoped_release nogil;
+    Blocking nogil;
     nd::save_npy(path, a);
   });
   ndm.def("load_npy", [](const std::string& path, const py::object& d) { return nd::load_npy(path, device_or(d)); },

@@ -2,7 +2,9 @@
 broadcasting, unary math, reductions, matmul, dtypes, devices, errors, and
 the GIL released while a wait blocks."""
 import ctypes
+import inspect
 import io
+import json
 import threading
 
 import numpy as np
@@ -159,6 +161,42 @@ def test_dlpack_shares_cpu_memory():
         np.from_dlpack(a.copyto(lazydag.sim(0)))
     with pytest.raises(lazydag.InvalidArgument, match="bool"):
         (a > 0).__dlpack__()
+
+
+def test_sync_debug_names_the_python_line():
+    x = nd.ones((3,)) + 1
+    lazydag.clear_blocking_sites()
+    lazydag.set_sync_debug("warn")
+    try:
+        line = inspect.currentframe().f_lineno + 1
+        x.asnumpy()
+    finally:
+        lazydag.set_sync_debug("off")
+    mine = [b for b in lazydag.blocking_sites() if b["file"] == __file__ and b["line"] == line]
+    assert len(mine) == 1
+    assert mine[0]["function"] == "test_sync_debug_names_the_python_line" and mine[0]["count"] == 1
+    assert f"{__file__}:{line}" in lazydag.blocking_report()
+    lazydag.set_sync_debug("error")
+    try:
+        with pytest.raises(lazydag.Error, match=f"wait_to_read\\(\\) at {__file__}:{inspect.currentframe().f_lineno + 1} "):
+            x.wait_to_read()
+    finally:
+        lazydag.set_sync_debug("off")
+        lazydag.clear_blocking_sites()
+
+
+def test_the_profiler_writes_a_trace(tmp_path):
+    lazydag.profiler.start()
+    try:
+        y = nd.ones((4, 4)) @ nd.ones((4, 4))
+        y.wait_to_read()
+    finally:
+        lazydag.profiler.stop()
+    assert lazydag.profiler.event_count() > 0
+    path = tmp_path / "trace.json"
+    lazydag.profiler.dump(str(path))
+    names = {e.get("name") for e in json.loads(path.read_text())["traceEvents"]}
+    assert "matmul" in names
 
 
 def test_devices_are_explicit():

@@ -41,6 +41,28 @@ void clear_blocking_sites();
 /// The summary printed at exit in warn mode.
 [[nodiscard]] std::string blocking_report();
 
+/// A call site named by a frontend in another language (the Python module
+/// names the Python file, line and function): while one is in scope on a
+/// thread, that thread's blocking calls are attributed to it instead of to
+/// their C++ source location. Scopes nest; the innermost wins.
+class ForeignCallSite {
+ public:
+  ForeignCallSite(std::string file, std::uint32_t line, std::string function);
+  ~ForeignCallSite();
+  ForeignCallSite(const ForeignCallSite&) = delete;
+  ForeignCallSite& operator=(const ForeignCallSite&) = delete;
+
+  [[nodiscard]] const std::string& file() const noexcept { return file_; }
+  [[nodiscard]] std::uint32_t line() const noexcept { return line_; }
+  [[nodiscard]] const std::string& function() const noexcept { return function_; }
+
+ private:
+  std::string file_;
+  std::uint32_t line_;
+  std::string function_;
+  const ForeignCallSite* outer_;
+};
+
 namespace detail {
 /// Called by the engine's waits: throws BlockingCallError in error mode,
 /// registers (and in warn mode reports once) the site otherwise.

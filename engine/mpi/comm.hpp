@@ -34,6 +34,13 @@ class Comm {
     /// On the comm thread once every request completed (or start failed):
     /// MPI_SUCCESS or the first error code.
     std::function<void(int error)> finish;
+    /// Optional: the whole operation as blocking calls on `comm`, used
+    /// instead of `start` when nothing else is in flight on this rank (a
+    /// rank with nothing pending owes no other rank progress, so blocking
+    /// cannot deadlock). Open MPI's blocking collectives use faster
+    /// algorithms than the non-blocking ones, which progress only when
+    /// tested. Returns an MPI error code.
+    std::function<int(MPI_Comm comm)> run;
   };
 
   /// The process's communicator, started (MPI initialised on its thread) on

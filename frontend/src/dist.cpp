@@ -112,21 +112,24 @@ struct Pending {
   std::string name;
 };
 
-// Records a collective on host arrays: `issue` starts its non-blocking
-// calls; a second, tiny allreduce of the failure flag follows it, in the
-// same order on every rank.
-using Issue = std::function<int(MPI_Comm, std::vector<MPI_Request>&, const std::vector<void*>&)>;
+// Records a collective on host arrays: `issue` makes its MPI calls, non-
+// blocking (appending their requests) or, given no request list, blocking
+// (the comm thread does that when nothing else is in flight, and only for
+// collectives: a blocking send could wait for a rank that waits for it); a
+// second, tiny allreduce of the failure flag follows it, in the same order
+// on every rank.
+using Issue = std::function<int(MPI_Comm, std::vector<MPI_Request>*, const std::vector<void*>&)>;
 
 void record_collective(const char* kind, const std::vector<NDArray>& reads, const std::vector<NDArray>& writes,
-                       Issue issue, bool exchange_failure = true) {
+                       Issue issue, bool exchange_failure = true, bool may_block = true) {
   Comm& c = comm();
   const std::uint64_t seq = c.next_seq();
   const std::string name = std::string(kind) + " #" + std::to_string(seq);
   detail::record_host_async(
       name, reads, writes,
-      [&c, seq, name, issue = std::move(issue), exchange_failure](const std::vector<void*>& ptrs,
-                                                                   const engine::RunContext& ctx,
-                                                                   engine::Completion& done) {
+      [&c, seq, name, issue = std::move(issue), exchange_failure, may_block](const std::vector<void*>& ptrs,
+                                                                              const engine::RunContext& ctx,
+                                                                              engine::Completion& done) {
         auto p = std::make_shared<Pending>();
         p->done = std::move(done);
         p->local_failure = ctx.failed_input;
@@ -135,13 +138,22 @@ void record_collective(const char* kind, const std::vector<NDArray>& reads, cons
         mpi::Comm::Op op;
         op.seq = seq;
         op.start = [p, ptrs, issue, exchange_failure](MPI_Comm comm, std::vector<MPI_Request>& reqs) {
-          int rc = issue(comm, reqs, ptrs);
+          int rc = issue(comm, &reqs, ptrs);
           if (rc == MPI_SUCCESS && exchange_failure) {
             reqs.emplace_back();
             rc = MPI_Iallreduce(&p->failed_here, &p->failed_anywhere, 1, MPI_INT, MPI_MAX, comm, &reqs.back());
           }
           return rc;
         };
+        if (may_block) {
+          op.run = [p, ptrs, issue, exchange_failure](MPI_Comm comm) {
+            int rc = issue(comm, nullptr, ptrs);
+            if (rc == MPI_SUCCESS && exchange_failure) {
+              rc = MPI_Allreduce(&p->failed_here, &p->failed_anywhere, 1, MPI_INT, MPI_MAX, comm);
+            }
+            return rc;
+          };
+        }
         op.finish = [p, exchange_failure](int rc) {
           if (rc != MPI_SUCCESS) {
             p->done(std::make_exception_ptr(Error(p->name + ": " + Comm::error_string(rc))));
@@ -191,11 +203,15 @@ NDArray reduce_impl(const NDArray& x, ReduceOp op, bool scatter) {
   const NDArray in = to_host(x);
   NDArray out = detail::empty(out_shape, x.dtype(), in.device(), kind);
   const MPI_Op mop = mpi_op(op);
-  record_collective(kind, {in}, {out}, [type, mop, count, scatter](MPI_Comm c, std::vector<MPI_Request>& reqs,
+  record_collective(kind, {in}, {out}, [type, mop, count, scatter](MPI_Comm c, std::vector<MPI_Request>* reqs,
                                                                     const std::vector<void*>& p) {
-    reqs.emplace_back();
-    return scatter ? MPI_Ireduce_scatter_block(p[0], p[1], count, type, mop, c, &reqs.back())
-                   : MPI_Iallreduce(p[0], p[1], count, type, mop, c, &reqs.back());
+    if (reqs == nullptr) {
+      return scatter ? MPI_Reduce_scatter_block(p[0], p[1], count, type, mop, c)
+                     : MPI_Allreduce(p[0], p[1], count, type, mop, c);
+    }
+    reqs->emplace_back();
+    return scatter ? MPI_Ireduce_scatter_block(p[0], p[1], count, type, mop, c, &reqs->back())
+                   : MPI_Iallreduce(p[0], p[1], count, type, mop, c, &reqs->back());
   });
   NDArray r = back(out, x.device());
   return op == ReduceOp::kMean ? r / static_cast<double>(n) : r;
@@ -228,13 +244,14 @@ NDArray broadcast(const NDArray& x, int root) {
   const NDArray in = to_host(x);
   NDArray out = detail::empty(x.shape(), x.dtype(), in.device(), "broadcast");
   const std::size_t bytes = static_cast<std::size_t>(x.size()) * size_of(x.dtype());
-  record_collective("broadcast", {in}, {out}, [type, count, root, bytes](MPI_Comm c, std::vector<MPI_Request>& reqs,
+  record_collective("broadcast", {in}, {out}, [type, count, root, bytes](MPI_Comm c, std::vector<MPI_Request>* reqs,
                                                                           const std::vector<void*>& p) {
     int me = 0;
     MPI_Comm_rank(c, &me);
     if (me == root && bytes != 0) std::memcpy(p[1], p[0], bytes);
-    reqs.emplace_back();
-    return MPI_Ibcast(p[1], count, type, root, c, &reqs.back());
+    if (reqs == nullptr) return MPI_Bcast(p[1], count, type, root, c);
+    reqs->emplace_back();
+    return MPI_Ibcast(p[1], count, type, root, c, &reqs->back());
   });
   return back(out, x.device());
 }
@@ -253,10 +270,11 @@ NDArray allgather(const NDArray& x) {
   (void)checked_count(numel(out_shape), "allgather");
   const NDArray in = to_host(x);
   NDArray out = detail::empty(out_shape, x.dtype(), in.device(), "allgather");
-  record_collective("allgather", {in}, {out}, [type, count](MPI_Comm c, std::vector<MPI_Request>& reqs,
+  record_collective("allgather", {in}, {out}, [type, count](MPI_Comm c, std::vector<MPI_Request>* reqs,
                                                              const std::vector<void*>& p) {
-    reqs.emplace_back();
-    return MPI_Iallgather(p[0], count, type, p[1], count, type, c, &reqs.back());
+    if (reqs == nullptr) return MPI_Allgather(p[0], count, type, p[1], count, type, c);
+    reqs->emplace_back();
+    return MPI_Iallgather(p[0], count, type, p[1], count, type, c, &reqs->back());
   });
   return back(out, x.device());
 }
@@ -270,15 +288,15 @@ void send(const NDArray& x, int dest, int tag) {
   // The payload, then whether it is valid, as two messages in order.
   auto flag = std::make_shared<int>(0);
   record_collective("send", {to_host(x)}, {},
-                    [type, count, dest, tag, flag](MPI_Comm c, std::vector<MPI_Request>& reqs,
+                    [type, count, dest, tag, flag](MPI_Comm c, std::vector<MPI_Request>* reqs,
                                                    const std::vector<void*>& p) {
-                      reqs.emplace_back();
-                      int rc = MPI_Isend(p[0], count, type, dest, 2 * tag, c, &reqs.back());
+                      reqs->emplace_back();
+                      int rc = MPI_Isend(p[0], count, type, dest, 2 * tag, c, &reqs->back());
                       if (rc != MPI_SUCCESS) return rc;
-                      reqs.emplace_back();
-                      return MPI_Isend(flag.get(), 1, MPI_INT, dest, 2 * tag + 1, c, &reqs.back());
+                      reqs->emplace_back();
+                      return MPI_Isend(flag.get(), 1, MPI_INT, dest, 2 * tag + 1, c, &reqs->back());
                     },
-                    /*exchange_failure=*/false);
+                    /*exchange_failure=*/false, /*may_block=*/false);
 }
 
 NDArray recv(const Shape& shape, DType t, int source, int tag, Device dev) {
@@ -290,15 +308,15 @@ NDArray recv(const Shape& shape, DType t, int source, int tag, Device dev) {
   NDArray out = detail::empty(shape, t, cpu(), "recv");
   auto flag = std::make_shared<int>(0);
   record_collective("recv", {}, {out},
-                    [type, count, source, tag, flag](MPI_Comm c, std::vector<MPI_Request>& reqs,
+                    [type, count, source, tag, flag](MPI_Comm c, std::vector<MPI_Request>* reqs,
                                                      const std::vector<void*>& p) {
-                      reqs.emplace_back();
-                      int rc = MPI_Irecv(p[0], count, type, source, 2 * tag, c, &reqs.back());
+                      reqs->emplace_back();
+                      int rc = MPI_Irecv(p[0], count, type, source, 2 * tag, c, &reqs->back());
                       if (rc != MPI_SUCCESS) return rc;
-                      reqs.emplace_back();
-                      return MPI_Irecv(flag.get(), 1, MPI_INT, source, 2 * tag + 1, c, &reqs.back());
+                      reqs->emplace_back();
+                      return MPI_Irecv(flag.get(), 1, MPI_INT, source, 2 * tag + 1, c, &reqs->back());
                     },
-                    /*exchange_failure=*/false);
+                    /*exchange_failure=*/false, /*may_block=*/false);
   return back(out, dev);
 }
 

@@ -1067,8 +1067,10 @@ NDArray matmul(const NDArray& x, const NDArray& y) {
   same_dtype(*a0, *b0, "matmul");
   floating(*a0, "matmul");
   Shape s = ops::matmul_shape(a0->shape, b0->shape);
-  StatePtr a = dense(a0);
-  StatePtr b = dense(b0);
+  // BLAS reads transposed and sliced operands in place; others are copied.
+  auto gemm_ready = [](const StatePtr& v) { return ops::gemm_layout(v->shape, v->strides).usable ? v : dense(v); };
+  StatePtr a = gemm_ready(a0);
+  StatePtr b = gemm_ready(b0);
   StatePtr out = new_array(s, a->dtype, dev, "matmul");
   record("matmul", {a, b}, out, [](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o) {
     ops::matmul(ctx, view(*in[0]), view(*in[1]), view(o));

@@ -1,10 +1,15 @@
-// CPU matmul through CBLAS (OpenBLAS). OpenBLAS runs single-threaded here and
-// a large product is split into fixed blocks of 64 rows run as oneTBB tasks:
+// CPU matmul through CBLAS (OpenBLAS), reading transposed and sliced
+// operands in place (trans flags and leading dimensions). OpenBLAS runs
+// single-threaded here and a large product is split into fixed blocks of 64
+// rows run as oneTBB tasks:
 // the engine's workers are the only threads, so BLAS never oversubscribes the
 // cores, and the split does not depend on the thread count (deterministic).
 #include <cblas.h>
 
+#include <lazydag/ops/shape.hpp>
+
 #include <mutex>
+#include <stdexcept>
 #include <type_traits>
 
 #include "iterate.hpp"
@@ -22,20 +27,29 @@ void single_threaded_blas() {
   std::call_once(once, [] { openblas_set_num_threads(1); });
 }
 
+// C (m x n, row-major, leading dimension n) = op(A) op(B), each operand as
+// gemm_layout describes it (trans: stored transposed, ld its leading dim).
 template <class T>
-void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, const T* b, T* c) {
+void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, const GemmLayout& la, const T* b,
+          const GemmLayout& lb, T* c) {
   const auto M = static_cast<blasint>(m);
   const auto N = static_cast<blasint>(n);
   const auto K = static_cast<blasint>(k);
+  const CBLAS_TRANSPOSE ta = la.trans ? CblasTrans : CblasNoTrans;
+  const CBLAS_TRANSPOSE tb = lb.trans ? CblasTrans : CblasNoTrans;
+  const auto lda = static_cast<blasint>(la.ld);
+  const auto ldb = static_cast<blasint>(lb.ld);
   if constexpr (std::is_same_v<T, float>) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.0F, a, K, b, N, 0.0F, c, N);
+    cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0F, a, lda, b, ldb, 0.0F, c, N);
   } else {
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.0, a, K, b, N, 0.0, c, N);
+    cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, 1.0, a, lda, b, ldb, 0.0, c, N);
   }
 }
 
 }  // namespace
 
+// Operands are read in place when gemm_layout says BLAS can (transposed
+// views, sliced rows or columns); the frontend copies the others first.
 void matmul(const TensorView& a, const TensorView& b, const TensorView& out) {
   single_threaded_blas();
   const bool batched = a.shape.size() == 3;
@@ -44,6 +58,9 @@ void matmul(const TensorView& a, const TensorView& b, const TensorView& out) {
   const std::int64_t k = a.shape[batched ? 2 : 1];
   const std::int64_t n = b.shape[batched ? 2 : 1];
   if (m == 0 || n == 0) return;
+  const GemmLayout la = gemm_layout(a.shape, a.strides);
+  const GemmLayout lb = gemm_layout(b.shape, b.strides);
+  if (!la.usable || !lb.usable) throw std::logic_error("matmul: an operand BLAS cannot read in place");
   auto run = [&]<class T>() {
     const T* pa = detail::typed<T>(a) + a.offset;
     const T* pb = detail::typed<T>(b) + b.offset;
@@ -52,16 +69,21 @@ void matmul(const TensorView& a, const TensorView& b, const TensorView& out) {
       for (std::int64_t i = 0; i < batch * m * n; ++i) pc[i] = T(0);
       return;
     }
+    // Rows r0.. of A start r0 rows in (row-major) or r0 columns in
+    // (stored transposed).
+    auto rows_of_a = [&](std::int64_t bi, std::int64_t r0) {
+      return pa + bi * la.batch_stride + (la.trans ? r0 : r0 * la.ld);
+    };
     const std::int64_t blocks = (m + kRowBlock - 1) / kRowBlock;
     auto block = [&](std::int64_t t) {
       const std::int64_t bi = t / blocks;
       const std::int64_t r0 = (t % blocks) * kRowBlock;
       const std::int64_t rows = std::min(kRowBlock, m - r0);
-      gemm<T>(rows, n, k, pa + bi * m * k + r0 * k, pb + bi * k * n, pc + bi * m * n + r0 * n);
+      gemm<T>(rows, n, k, rows_of_a(bi, r0), la, pb + bi * lb.batch_stride, lb, pc + bi * m * n + r0 * n);
     };
     if (batch * m * n * k < kParallelFlops) {
       for (std::int64_t bi = 0; bi < batch; ++bi) {
-        gemm<T>(m, n, k, pa + bi * m * k, pb + bi * k * n, pc + bi * m * n);
+        gemm<T>(m, n, k, rows_of_a(bi, 0), la, pb + bi * lb.batch_stride, lb, pc + bi * m * n);
       }
       return;
     }

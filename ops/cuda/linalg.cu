@@ -1,8 +1,11 @@
 // CUDA matmul through cuBLAS on the node's stream. Row-major C = A x B is
-// the column-major product C^T = B^T x A^T, so no transposes are needed.
+// the column-major product C^T = B^T x A^T, so row-major operands need no
+// transposes and transposed views are read with CUBLAS_OP_T.
 // One cuBLAS handle per stream (see handle_for): creating one per call costs
 // far more than a launch.
 #include "common.cuh"
+
+#include <lazydag/ops/shape.hpp>
 
 #include <cublas_v2.h>
 
@@ -66,18 +69,29 @@ void matmul(void* stream, const TensorView& a, const TensorView& b, const Tensor
     return;
   }
   cublasHandle_t h = handle_for(s);
-  // matmul_shape refuses dims above INT_MAX at record time (the BLAS limit).
+  // Operands in place as gemm_layout describes them (the frontend copied
+  // the others): a row-major operand is its column-major transpose, so a
+  // transposed view is read with CUBLAS_OP_T instead of being copied.
+  const GemmLayout la = gemm_layout(a.shape, a.strides);
+  const GemmLayout lb = gemm_layout(b.shape, b.strides);
+  if (!la.usable || !lb.usable) throw InvalidArgument("matmul: an operand cuBLAS cannot read in place");
+  const cublasOperation_t op_a = la.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = lb.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  // matmul_shape refuses dims above INT_MAX at record time (the BLAS limit),
+  // gemm_layout leading dimensions above it.
   const int M = static_cast<int>(m);
   const int N = static_cast<int>(n);
   const int K = static_cast<int>(k);
+  const int lda = static_cast<int>(la.ld);
+  const int ldb = static_cast<int>(lb.ld);
   if (a.dtype == DType::kFloat32) {
     const float one = 1.0F;
     const float zero = 0.0F;
     const float* pa = static_cast<const float*>(a.data) + a.offset;
     const float* pb = static_cast<const float*>(b.data) + b.offset;
     float* pc = static_cast<float*>(out.data) + out.offset;
-    check_cublas(cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, &one, pb, N, k * n, pa, K,
-                                           m * k, &zero, pc, N, m * n, static_cast<int>(batch)),
+    check_cublas(cublasSgemmStridedBatched(h, op_b, op_a, N, M, K, &one, pb, ldb, lb.batch_stride, pa, lda,
+                                           la.batch_stride, &zero, pc, N, m * n, static_cast<int>(batch)),
                  "cublasSgemmStridedBatched");
   } else {
     const double one = 1.0;
@@ -85,8 +99,8 @@ void matmul(void* stream, const TensorView& a, const TensorView& b, const Tensor
     const double* pa = static_cast<const double*>(a.data) + a.offset;
     const double* pb = static_cast<const double*>(b.data) + b.offset;
     double* pc = static_cast<double*>(out.data) + out.offset;
-    check_cublas(cublasDgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, &one, pb, N, k * n, pa, K,
-                                           m * k, &zero, pc, N, m * n, static_cast<int>(batch)),
+    check_cublas(cublasDgemmStridedBatched(h, op_b, op_a, N, M, K, &one, pb, ldb, lb.batch_stride, pa, lda,
+                                           la.batch_stride, &zero, pc, N, m * n, static_cast<int>(batch)),
                  "cublasDgemmStridedBatched");
   }
 }

@@ -172,6 +172,31 @@ Shape matmul_shape(std::span<const std::int64_t> a, std::span<const std::int64_t
   return out;
 }
 
+GemmLayout gemm_layout(std::span<const std::int64_t> shape, std::span<const std::int64_t> strides) {
+  GemmLayout g;
+  const std::size_t r = shape.size();
+  if (r < 2 || strides.size() != r) return g;
+  const std::int64_t rows = shape[r - 2];
+  const std::int64_t cols = shape[r - 1];
+  const std::int64_t sr = strides[r - 2];
+  const std::int64_t sc = strides[r - 1];
+  constexpr std::int64_t kIntMax = std::numeric_limits<std::int32_t>::max();
+  g.batch_stride = r == 3 ? strides[0] : 0;
+  if (g.batch_stride < 0) return g;
+  // A dim of extent 1 has no stride to respect: its step is free.
+  if ((cols == 1 || sc == 1) && (rows == 1 || sr >= std::max<std::int64_t>(cols, 1))) {
+    g.trans = false;
+    g.ld = rows == 1 ? std::max<std::int64_t>(cols, 1) : sr;
+  } else if ((rows == 1 || sr == 1) && (cols == 1 || sc >= std::max<std::int64_t>(rows, 1))) {
+    g.trans = true;
+    g.ld = cols == 1 ? std::max<std::int64_t>(rows, 1) : sc;
+  } else {
+    return g;
+  }
+  g.usable = g.ld <= kIntMax;
+  return g;
+}
+
 Shape reshape_shape(std::span<const std::int64_t> from, std::span<const std::int64_t> wanted) {
   Shape out(wanted.begin(), wanted.end());
   int infer = -1;

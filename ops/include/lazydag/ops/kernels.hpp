@@ -52,7 +52,8 @@ void where(const TensorView& cond, const TensorView& a, const TensorView& b,
 void copy_cast(const TensorView& a, const TensorView& out);
 /// Reduction over everything (all) or one axis; out is contiguous.
 void reduce(ReduceOp op, const TensorView& a, bool all, int axis, const TensorView& out);
-/// C = A x B, contiguous float32/float64, 2-D or batched 3-D, through CBLAS.
+/// C = A x B, float32/float64, 2-D or batched 3-D, through CBLAS; C
+/// contiguous, A and B as gemm_layout (shape.hpp) finds them usable.
 void matmul(const TensorView& a, const TensorView& b, const TensorView& out);
 /// Fills a contiguous buffer.
 void fill(const TensorView& out, double value);

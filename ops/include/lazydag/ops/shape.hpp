@@ -53,6 +53,21 @@ namespace lazydag::ops {
 /// matmul: (m,k)x(k,n) -> (m,n); (b,m,k)x(b,k,n) -> (b,m,n).
 [[nodiscard]] Shape matmul_shape(std::span<const std::int64_t> a,
                                  std::span<const std::int64_t> b);
+
+/// How BLAS reads one matmul operand in place: its last two dims (rows x
+/// cols) are row-major with leading dimension `ld` (trans false), or the
+/// transpose of a row-major cols x rows matrix with leading dimension `ld`
+/// (trans true, as a transpose() view is), and `batch_stride` elements lie
+/// between the matrices of a batched (3-D) operand. usable false: the view
+/// must be copied to contiguous first (a broadcast inside the matrix, or a
+/// leading dimension beyond BLAS's int). Sliced rows or columns are usable.
+struct GemmLayout {
+  bool usable = false;
+  bool trans = false;
+  std::int64_t ld = 0;
+  std::int64_t batch_stride = 0;
+};
+[[nodiscard]] GemmLayout gemm_layout(std::span<const std::int64_t> shape, std::span<const std::int64_t> strides);
 /// Resolves one -1 in `wanted` and checks the element count.
 [[nodiscard]] Shape reshape_shape(std::span<const std::int64_t> from,
                                   std::span<const std::int64_t> wanted);

@@ -573,7 +573,14 @@ PYBIND11_MODULE(lazydag, m) {
   ndm.def("cross_entropy", &nd::cross_entropy, py::arg("logits"), py::arg("labels"));
   ndm.def("mse_loss", &nd::mse_loss);
   ndm.def("clip", &nd::clip);
-  ndm.def("take", &nd::take);
+  ndm.def("take", [](const NDArray& a, const NDArray& indices, const py::object& axis) {
+    return axis.is_none() ? nd::take(a, indices) : nd::take(a, indices, axis.cast<int>());
+  }, py::arg("a"), py::arg("indices"), py::arg("axis") = py::none(), "rows of a (axis 0) unless axis is given");
+  ndm.def("argsort", [](const NDArray& a, int axis, bool descending) { return nd::argsort(a, axis, descending); },
+          py::arg("a"), py::arg("axis") = -1, py::arg("descending") = false);
+  ndm.def("sort", [](const NDArray& a, int axis, bool descending) { return nd::sort(a, axis, descending); },
+          py::arg("a"), py::arg("axis") = -1, py::arg("descending") = false);
+  ndm.def("take_along_axis", &nd::take_along_axis, py::arg("a"), py::arg("indices"), py::arg("axis"));
   ndm.def("permutation", [](std::int64_t n, std::uint64_t seed, const py::object& d) {
     return nd::permutation(n, seed, device_or(d));
   }, py::arg("n"), py::arg("seed") = 0, py::arg("device") = py::none());

@@ -492,6 +492,78 @@ NDArray take_along_last(const NDArray& a0, const NDArray& indices) {
 
 NDArray sort(const NDArray& a, bool descending) { return take_along_last(a, argsort(a, descending)); }
 
+namespace {
+// `axis` of an array of rank `rank`, checked; and the permutation that moves
+// it last (the other axes keep their order) with its inverse.
+int checked_axis(const NDArray& a, int axis, const char* op) {
+  if (!a.valid()) throw InvalidArgument(std::string(op) + ": use of an empty NDArray");
+  return ops::normalize_axis(axis, a.ndim(), op);
+}
+std::vector<int> axis_to_last(int rank, int axis) {
+  std::vector<int> p;
+  for (int d = 0; d < rank; ++d) {
+    if (d != axis) p.push_back(d);
+  }
+  p.push_back(axis);
+  return p;
+}
+std::vector<int> inverse(const std::vector<int>& p) {
+  std::vector<int> q(p.size());
+  for (std::size_t i = 0; i < p.size(); ++i) q[static_cast<std::size_t>(p[i])] = static_cast<int>(i);
+  return q;
+}
+}  // namespace
+
+NDArray take(const NDArray& a, const NDArray& indices, int axis) {
+  axis = checked_axis(a, axis, "take");
+  if (!indices.valid()) throw InvalidArgument("take: use of an empty NDArray");
+  if (axis == 0) return take(a, indices);
+  // The axis first, rows taken, then the index dims moved to where it was.
+  std::vector<int> front{axis};
+  for (int d = 0; d < a.ndim(); ++d) {
+    if (d != axis) front.push_back(d);
+  }
+  const NDArray r = take(a.transpose(front), indices);
+  const int ni = indices.ndim();
+  std::vector<int> back;
+  for (int d = 0; d < axis; ++d) back.push_back(ni + d);
+  for (int d = 0; d < ni; ++d) back.push_back(d);
+  for (int d = ni + axis; d < r.ndim(); ++d) back.push_back(d);
+  return r.transpose(back);
+}
+
+NDArray argsort(const NDArray& a, int axis, bool descending) {
+  axis = checked_axis(a, axis, "argsort");
+  if (axis == a.ndim() - 1) return argsort(a, descending);
+  const std::vector<int> p = axis_to_last(a.ndim(), axis);
+  return argsort(a.transpose(p), descending).transpose(inverse(p));
+}
+
+NDArray take_along_axis(const NDArray& a, const NDArray& indices, int axis) {
+  axis = checked_axis(a, axis, "take_along_axis");
+  if (!indices.valid()) throw InvalidArgument("take_along_axis: use of an empty NDArray");
+  if (indices.ndim() != a.ndim()) {
+    throw InvalidArgument("take_along_axis: indices of shape " + to_string(indices.shape()) +
+                          " for an array of shape " + to_string(a.shape()) + " (ranks differ)");
+  }
+  if (axis == a.ndim() - 1) return take_along_last(a, indices);
+  const std::vector<int> p = axis_to_last(a.ndim(), axis);
+  return take_along_last(a.transpose(p), indices.transpose(p)).transpose(inverse(p));
+}
+
+NDArray sort(const NDArray& a, int axis, bool descending) {
+  return take_along_axis(a, argsort(a, axis, descending), axis);
+}
+
+TopK topk(const NDArray& a, std::int64_t k, int axis, bool largest) {
+  axis = checked_axis(a, axis, "topk");
+  if (axis == a.ndim() - 1) return topk(a, k, largest);
+  const std::vector<int> p = axis_to_last(a.ndim(), axis);
+  TopK t = topk(a.transpose(p), k, largest);
+  const std::vector<int> q = inverse(p);
+  return TopK{t.values.transpose(q), t.indices.transpose(q)};
+}
+
 TopK topk(const NDArray& a, std::int64_t k, bool largest) {
   if (!a.valid() || a.ndim() < 1) throw InvalidArgument("topk: needs an array of at least one dimension");
   if (k < 0 || k > last(a.shape())) {

@@ -4,6 +4,7 @@
 // check, release of saved arrays, asynchronous backward).
 #include "reference.hpp"
 
+#include <array>
 #include <lazydag/autograd.hpp>
 #include <lazydag/nn.hpp>
 
@@ -414,6 +415,95 @@ TEST_CASE("matmul with 1-D operands, as NumPy") {
   CHECK(nd::matmul(v, m).to_vector<double>() == std::vector<double>{4, 5});
   CHECK(nd::matmul(m.transpose(), v).to_vector<double>() == std::vector<double>{4, 5});
   CHECK_THROWS_AS((void)nd::matmul(v, nd::ones({2}, DType::kFloat64, v.device())), InvalidArgument);
+}
+
+TEST_CASE("take, argsort, sort, take_along_axis and topk along any axis, against references") {
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> d(-4, 4);  // ties on purpose
+  const Shape shape{3, 5, 4};
+  std::vector<double> v(60);
+  for (auto& x : v) x = d(rng);
+  const NDArray a = nd::array(v, shape);
+  auto at = [&](std::int64_t i, std::int64_t j, std::int64_t k) { return v[static_cast<std::size_t>((i * 5 + j) * 4 + k)]; };
+  for (int axis : {0, 1, 2, -2}) {
+    CAPTURE(axis);
+    const int ax = axis < 0 ? axis + 3 : axis;
+    const std::int64_t len = shape[static_cast<std::size_t>(ax)];
+    for (bool desc : {false, true}) {
+      const NDArray idx = nd::argsort(a, axis, desc);
+      const NDArray sorted = nd::sort(a, axis, desc);
+      CHECK(idx.shape() == shape);
+      const auto vi = idx.to_vector<std::int64_t>();
+      const auto vs = sorted.to_vector<double>();
+      // every line along the axis, stably sorted by std::stable_sort
+      for (std::int64_t p = 0; p < 60 / len; ++p) {
+        const std::int64_t inner = ax == 2 ? 5 : 4;  // extent of the last axis other than ax
+        const std::int64_t fixed[2] = {p / inner, p % inner};
+        auto pos = [&](std::int64_t t) {
+          std::int64_t c[3];
+          int f = 0;
+          for (int q = 0; q < 3; ++q) c[q] = q == ax ? t : fixed[f++];
+          return std::array<std::int64_t, 3>{c[0], c[1], c[2]};
+        };
+        std::vector<std::int64_t> want(static_cast<std::size_t>(len));
+        for (std::int64_t t = 0; t < len; ++t) want[static_cast<std::size_t>(t)] = t;
+        std::stable_sort(want.begin(), want.end(), [&](std::int64_t x, std::int64_t y) {
+          const auto px = pos(x);
+          const auto py = pos(y);
+          const double ux = at(px[0], px[1], px[2]);
+          const double uy = at(py[0], py[1], py[2]);
+          return desc ? ux > uy : ux < uy;
+        });
+        for (std::int64_t t = 0; t < len; ++t) {
+          const auto pt = pos(t);
+          const auto flat = static_cast<std::size_t>((pt[0] * 5 + pt[1]) * 4 + pt[2]);
+          CHECK(vi[flat] == want[static_cast<std::size_t>(t)]);
+          const auto pw = pos(want[static_cast<std::size_t>(t)]);
+          CHECK(vs[flat] == at(pw[0], pw[1], pw[2]));
+        }
+      }
+    }
+    // take along the axis: indices of shape (2, 2)
+    const NDArray ti = nd::array(std::vector<std::int64_t>{len - 1, 0, 1, len - 1}, {2, 2});
+    const NDArray taken = nd::take(a, ti, axis);
+    Shape want_shape;
+    for (int q = 0; q < ax; ++q) want_shape.push_back(shape[static_cast<std::size_t>(q)]);
+    want_shape.push_back(2);
+    want_shape.push_back(2);
+    for (int q = ax + 1; q < 3; ++q) want_shape.push_back(shape[static_cast<std::size_t>(q)]);
+    CHECK(taken.shape() == want_shape);
+    const auto tv = taken.to_vector<double>();
+    const std::int64_t tiv[4] = {len - 1, 0, 1, len - 1};
+    // the result in row-major order: (pre..., the 4 indices, post...)
+    std::vector<double> want_taken;
+    if (ax == 0) {
+      for (std::int64_t w = 0; w < 4; ++w)
+        for (std::int64_t j = 0; j < 5; ++j)
+          for (std::int64_t k = 0; k < 4; ++k) want_taken.push_back(at(tiv[w], j, k));
+    } else if (ax == 1) {
+      for (std::int64_t i = 0; i < 3; ++i)
+        for (std::int64_t w = 0; w < 4; ++w)
+          for (std::int64_t k = 0; k < 4; ++k) want_taken.push_back(at(i, tiv[w], k));
+    } else {
+      for (std::int64_t i = 0; i < 3; ++i)
+        for (std::int64_t j = 0; j < 5; ++j)
+          for (std::int64_t w = 0; w < 4; ++w) want_taken.push_back(at(i, j, tiv[w]));
+    }
+    CHECK(tv == want_taken);
+    // topk along the axis is the head of the descending sort
+    const auto top = nd::topk(a, 2, axis, true);
+    const NDArray head = nd::sort(a, axis, true).slice(ax, 0, 2);
+    CHECK(top.values.to_vector<double>() == head.to_vector<double>());
+    CHECK(top.indices.to_vector<std::int64_t>() == nd::argsort(a, axis, true).slice(ax, 0, 2).to_vector<std::int64_t>());
+  }
+  CHECK_THROWS_AS((void)nd::argsort(a, 3, false), InvalidArgument);
+  CHECK_THROWS_AS((void)nd::take_along_axis(a, nd::zeros({3, 5}, DType::kInt64, a.device()), 1), InvalidArgument);
+  // gradients through the transposed views
+  check_gradient("sort axis 0", [](auto& x) { return nd::sort(x[0], 0, false); }, {{{4, 3}}});
+  check_gradient("take axis 1", [](auto& x) {
+    return nd::take(x[0], nd::array(std::vector<std::int64_t>{2, 0, 2}, {3}, x[0].device()), 1);
+  }, {{{2, 3, 2}}});
+  check_gradient("topk axis 0", [](auto& x) { return nd::topk(x[0], 2, 0, false).values; }, {{{5, 2}}});
 }
 
 TEST_CASE("argsort, sort and topk against std::stable_sort; sort's gradient") {

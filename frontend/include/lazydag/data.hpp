@@ -45,6 +45,22 @@ struct TopK {
 };
 [[nodiscard]] TopK topk(const NDArray& a, std::int64_t k, bool largest = true);
 
+// Along any axis (negative counts from the end), as NumPy's axis= forms.
+// Composed from the forms above through transposed views, so they are
+// differentiable the same way; the results may be non-contiguous views.
+
+/// np.take(a, indices, axis): shape a.shape[:axis] + indices.shape +
+/// a.shape[axis+1:].
+[[nodiscard]] NDArray take(const NDArray& a, const NDArray& indices, int axis);
+/// np.argsort(a, axis, kind="stable").
+[[nodiscard]] NDArray argsort(const NDArray& a, int axis, bool descending);
+/// np.take_along_axis: `indices` has a's shape except along `axis`.
+[[nodiscard]] NDArray take_along_axis(const NDArray& a, const NDArray& indices, int axis);
+/// `axis` sorted (stable).
+[[nodiscard]] NDArray sort(const NDArray& a, int axis, bool descending);
+/// The k largest (or smallest) along `axis`, in order, and their indices.
+[[nodiscard]] TopK topk(const NDArray& a, std::int64_t k, int axis, bool largest);
+
 /// A random permutation of 0..n-1 (int64), a function of (n, seed) only.
 [[nodiscard]] NDArray permutation(std::int64_t n, std::uint64_t seed, Device dev = default_device());
 /// Integers uniform in [low, high) (int64), a function of (shape, seed) only.

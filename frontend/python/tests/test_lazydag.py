@@ -199,6 +199,19 @@ def test_the_profiler_writes_a_trace(tmp_path):
     assert "matmul" in names
 
 
+def test_sort_and_take_along_an_axis_match_numpy():
+    x = RNG.integers(-3, 4, size=(3, 5, 4)).astype(np.float64)  # ties: stable order matters
+    a = nd.array(x)
+    for axis in (0, 1, -1):
+        np.testing.assert_array_equal(nd.argsort(a, axis=axis).asnumpy(), np.argsort(x, axis=axis, kind="stable"))
+        np.testing.assert_array_equal(nd.sort(a, axis=axis).asnumpy(), np.sort(x, axis=axis))
+        i = np.argsort(x, axis=axis, kind="stable")
+        np.testing.assert_array_equal(nd.take_along_axis(a, nd.array(i), axis).asnumpy(),
+                                      np.take_along_axis(x, i, axis))
+        idx = np.array([[2, 0], [1, 1]])
+        np.testing.assert_array_equal(nd.take(a, nd.array(idx), axis=axis).asnumpy(), np.take(x, idx, axis=axis))
+
+
 def test_devices_are_explicit():
     x = rand((8,))
     a = nd.array(x)

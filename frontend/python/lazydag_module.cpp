@@ -7,6 +7,7 @@
 // thread blocked in a wait never stops the engine.
 #include <lazydag/engine/profiler.hpp>
 #include <lazydag/engine/sync_debug.hpp>
+#include <lazydag/dist.hpp>
 #include <lazydag/lazydag.hpp>
 
 #include "config.hpp"
@@ -590,6 +591,42 @@ PYBIND11_MODULE(lazydag, m) {
   });
   ndm.def("load_npy", [](const std::string& path, const py::object& d) { return nd::load_npy(path, device_or(d)); },
           py::arg("path"), py::arg("device") = py::none());
+
+  // lazydag.dist: the collectives of lazydag::dist (docs/distributed.md),
+  // recorded like any op; run the script under mpirun. Without MPI in this
+  // build every call raises BackendUnavailable. barrier() and finalize()
+  // block (GIL released).
+  py::module_ dm = m.def_submodule("dist", "collectives over MPI ranks, recorded as engine nodes");
+  auto reduce_op = [](const std::string& name) {
+    if (name == "sum") return dist::ReduceOp::kSum;
+    if (name == "mean") return dist::ReduceOp::kMean;
+    if (name == "max") return dist::ReduceOp::kMax;
+    if (name == "min") return dist::ReduceOp::kMin;
+    throw InvalidArgument("dist: unknown reduction '" + name + "' (sum, mean, max, min)");
+  };
+  dm.def("available", &dist::available, "whether this build has MPI");
+  dm.def("init", &dist::init);
+  dm.def("finalize", [] {
+    Blocking nogil;
+    dist::finalize();
+  });
+  dm.def("rank", &dist::rank);
+  dm.def("size", &dist::size);
+  dm.def("allreduce", [reduce_op](const NDArray& x, const std::string& op) { return dist::allreduce(x, reduce_op(op)); },
+         py::arg("x"), py::arg("op") = "sum");
+  dm.def("reduce_scatter",
+         [reduce_op](const NDArray& x, const std::string& op) { return dist::reduce_scatter(x, reduce_op(op)); },
+         py::arg("x"), py::arg("op") = "sum");
+  dm.def("broadcast", &dist::broadcast, py::arg("x"), py::arg("root") = 0);
+  dm.def("allgather", &dist::allgather, py::arg("x"));
+  dm.def("send", &dist::send, py::arg("x"), py::arg("dest"), py::arg("tag") = 0);
+  dm.def("recv", [](const py::object& shape, const py::object& dtype, int source, int tag, const py::object& d) {
+    return dist::recv(to_shape(shape), to_dtype(dtype), source, tag, device_or(d));
+  }, py::arg("shape"), py::arg("dtype"), py::arg("source"), py::arg("tag") = 0, py::arg("device") = py::none());
+  dm.def("barrier", [] {
+    Blocking nogil;
+    dist::barrier();
+  });
 
   // Grad mode: `with lazydag.autograd.no_grad(): ...`
   py::module_ ag = m.def_submodule("autograd", "grad mode, per thread");

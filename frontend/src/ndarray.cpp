@@ -438,6 +438,11 @@ void inplace_scalar(ops::BinaryOp op, const StatePtr& a, double s, const char* n
 NDArray reduce_op(ops::ReduceOp op, const NDArray& x, bool all, int axis, bool keepdims) {
   const char* name = to_string(op).data();
   const StatePtr& a0 = Access::state(x, name);
+  if (a0->dtype == DType::kBool && (op == ops::ReduceOp::kSum || op == ops::ReduceOp::kMean)) {
+    // As NumPy: the sum of a bool array counts its true elements (int64),
+    // the mean is the fraction that is true (float64).
+    return reduce_op(op, x.astype(op == ops::ReduceOp::kSum ? DType::kInt64 : DType::kFloat64), all, axis, keepdims);
+  }
   numeric(*a0, name);
   const int rank = static_cast<int>(a0->shape.size());
   if (!all) axis = ops::normalize_axis(axis, rank, name);

@@ -115,6 +115,35 @@ TEST_SUITE("ndarray") {
     CHECK_NOTHROW((void)empty.max(1));  // zero lanes of length 3: nothing to reduce
   }
 
+  TEST_CASE("Reduce.BoolArraysCountAsNumPy" * doctest::timeout(60)) {
+    // sum counts the true elements (int64), mean is the fraction (float64),
+    // over everything and along each axis.
+    const NDArray x = random_array({4, 7}, DType::kFloat64, 77, -1, 1);
+    const NDArray b = x > 0.0;
+    const auto v = values(x);
+    std::int64_t total = 0;
+    std::vector<std::int64_t> rows(4, 0);
+    std::vector<std::int64_t> cols(7, 0);
+    for (int i = 0; i < 4; ++i) {
+      for (int j = 0; j < 7; ++j) {
+        const bool t = v[static_cast<std::size_t>(i * 7 + j)] > 0;
+        total += t;
+        rows[static_cast<std::size_t>(i)] += t;
+        cols[static_cast<std::size_t>(j)] += t;
+      }
+    }
+    CHECK(b.sum().dtype() == DType::kInt64);
+    CHECK(b.sum().item<std::int64_t>() == total);
+    CHECK(b.sum(1).to_vector<std::int64_t>() == rows);
+    CHECK(b.sum(0, true).shape() == Shape{1, 7});
+    CHECK(b.sum(0, true).to_vector<std::int64_t>() == cols);
+    CHECK(b.mean().dtype() == DType::kFloat64);
+    CHECK(b.mean().item<double>() == doctest::Approx(static_cast<double>(total) / 28));
+    const auto mr = b.mean(1).to_vector<double>();
+    for (int i = 0; i < 4; ++i) CHECK(mr[static_cast<std::size_t>(i)] == doctest::Approx(rows[static_cast<std::size_t>(i)] / 7.0));
+    CHECK_THROWS_AS((void)b.max(), InvalidArgument);  // still refused: no order on bool
+  }
+
   TEST_CASE("Linalg.MatmulMatchesReference" * doctest::timeout(180)) {
     struct Case {
       Shape a;

@@ -150,9 +150,11 @@ class NDArray {
   [[nodiscard]] NDArray slice(int axis, std::int64_t start, std::int64_t stop) const;
 
   // ---- reductions (new arrays) ----
+  /// A bool array's sum counts its true elements (int64), as NumPy's.
   [[nodiscard]] NDArray sum() const;
   [[nodiscard]] NDArray sum(int axis, bool keepdims = false) const;
-  /// float arrays keep their dtype; integer arrays give float64.
+  /// float arrays keep their dtype; integer and bool arrays give float64
+  /// (a bool array's mean is the fraction that is true).
   [[nodiscard]] NDArray mean() const;
   [[nodiscard]] NDArray mean(int axis, bool keepdims = false) const;
   [[nodiscard]] NDArray max() const;

@@ -58,6 +58,30 @@ std::vector<double> reference(R r, const std::vector<double>& v, const Shape& s,
   return out;
 }
 
+// x @ y (2-D or batched) in double by a plain loop over contiguous copies.
+std::vector<double> matmul_reference(const NDArray& x, const NDArray& y) {
+  const auto vx = values(x.copy());
+  const auto vy = values(y.copy());
+  const bool batched = x.ndim() == 3;
+  const std::int64_t nb = batched ? x.shape()[0] : 1;
+  const std::int64_t m = x.shape()[batched ? 1 : 0];
+  const std::int64_t k = x.shape()[batched ? 2 : 1];
+  const std::int64_t n = y.shape()[batched ? 2 : 1];
+  std::vector<double> out(static_cast<std::size_t>(nb * m * n), 0.0);
+  for (std::int64_t q = 0; q < nb; ++q) {
+    for (std::int64_t i = 0; i < m; ++i) {
+      for (std::int64_t j = 0; j < n; ++j) {
+        double acc = 0;
+        for (std::int64_t l = 0; l < k; ++l) {
+          acc += vx[static_cast<std::size_t>(q * m * k + i * k + l)] * vy[static_cast<std::size_t>(q * k * n + l * n + j)];
+        }
+        out[static_cast<std::size_t>(q * m * n + i * n + j)] = acc;
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 TEST_SUITE("ndarray") {
@@ -163,24 +187,7 @@ TEST_SUITE("ndarray") {
         NDArray a = random_array(c.a, t, seed++, -1, 1);
         NDArray b = random_array(c.b, t, seed++, -1, 1);
         NDArray p = nd::matmul(a, b);
-        const bool batched = c.a.size() == 3;
-        const std::int64_t nb = batched ? c.a[0] : 1;
-        const std::int64_t m = c.a[batched ? 1 : 0];
-        const std::int64_t k = c.a[batched ? 2 : 1];
-        const std::int64_t n = c.b[batched ? 2 : 1];
-        const auto va = values(a);
-        const auto vb = values(b);
-        std::vector<double> want(static_cast<std::size_t>(nb * m * n), 0.0);
-        for (std::int64_t q = 0; q < nb; ++q) {
-          for (std::int64_t i = 0; i < m; ++i) {
-            for (std::int64_t j = 0; j < n; ++j) {
-              double acc = 0;
-              for (std::int64_t l = 0; l < k; ++l) acc += va[q * m * k + i * k + l] * vb[q * k * n + l * n + j];
-              want[q * m * n + i * n + j] = acc;
-            }
-          }
-        }
-        check_close(values(p), want, t == DType::kFloat32 ? 1e-4 : 1e-10);
+        check_close(values(p), matmul_reference(a, b), t == DType::kFloat32 ? 1e-4 : 1e-10);
       }
     }
     // transposed (strided) operands and dot == matmul
@@ -197,31 +204,8 @@ TEST_SUITE("ndarray") {
 
   TEST_CASE("Linalg.TransposedSlicedAndBatchedViewsAreReadInPlace" * doctest::timeout(120)) {
     // Operands built as views of random arrays: transposed, column- and
-    // row-sliced, batched with permuted axes; each product is
-    // compared with the same product of contiguous copies, computed in
-    // double by a reference loop.
-    auto reference = [](const NDArray& x, const NDArray& y) {
-      const NDArray cx = x.copy();
-      const NDArray cy = y.copy();
-      const bool batched = x.ndim() == 3;
-      const std::int64_t nb = batched ? x.shape()[0] : 1;
-      const std::int64_t m = x.shape()[batched ? 1 : 0];
-      const std::int64_t k = x.shape()[batched ? 2 : 1];
-      const std::int64_t n = y.shape()[batched ? 2 : 1];
-      const auto vx = values(cx);
-      const auto vy = values(cy);
-      std::vector<double> out(static_cast<std::size_t>(nb * m * n), 0.0);
-      for (std::int64_t q = 0; q < nb; ++q) {
-        for (std::int64_t i = 0; i < m; ++i) {
-          for (std::int64_t j = 0; j < n; ++j) {
-            double acc = 0;
-            for (std::int64_t l = 0; l < k; ++l) acc += vx[q * m * k + i * k + l] * vy[q * k * n + l * n + j];
-            out[static_cast<std::size_t>(q * m * n + i * n + j)] = acc;
-          }
-        }
-      }
-      return out;
-    };
+    // row-sliced, batched with permuted axes; each product against the
+    // reference loop over contiguous copies.
     std::uint32_t seed = 900;
     for (DType t : {DType::kFloat32, DType::kFloat64}) {
       CAPTURE(to_string(t));
@@ -256,7 +240,7 @@ TEST_SUITE("ndarray") {
         // In place: the product is the only node recorded (no copy first).
         if (c.in_place) CHECK(nd::engine().stats().nodes_recorded == before + 1);
         if (!c.in_place) CHECK(nd::engine().stats().nodes_recorded > before + 1);
-        check_close(values(p), reference(c.x, c.y), tol);
+        check_close(values(p), matmul_reference(c.x, c.y), tol);
       }
     }
   }

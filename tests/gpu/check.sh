@@ -48,7 +48,9 @@ missing=()
 command -v nvcc >/dev/null || missing+=("nvcc (the CUDA toolkit)")
 CUDA_INC=$(dirname "$(dirname "$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)")")/include
 [ -f "$CUDA_INC/cublas_v2.h" ] || missing+=("cuBLAS headers ($CUDA_INC/cublas_v2.h)")
-[ -f "$CUDA_INC/cub/cub.cuh" ] || missing+=("CUB headers ($CUDA_INC/cub/cub.cuh)")
+# CUDA 13 keeps CUB under include/cccl (nvcc searches it), older ones under include
+[ -f "$CUDA_INC/cub/cub.cuh" ] || [ -f "$CUDA_INC/cccl/cub/cub.cuh" ] ||
+  missing+=("CUB headers ($CUDA_INC/cub/cub.cuh or $CUDA_INC/cccl/cub/cub.cuh)")
 command -v pkg-config >/dev/null || missing+=("pkg-config (fetch-deps.sh fetches it)")
 for tool in meson ninja g++; do command -v $tool >/dev/null || missing+=("$tool"); done
 if [ ${#missing[@]} -ne 0 ]; then

@@ -147,11 +147,15 @@ void record_collective(const char* kind, const std::vector<NDArray>& reads, cons
         };
         if (may_block) {
           op.run = [p, ptrs, issue, exchange_failure](MPI_Comm comm) {
-            int rc = issue(comm, nullptr, ptrs);
-            if (rc == MPI_SUCCESS && exchange_failure) {
-              rc = MPI_Allreduce(&p->failed_here, &p->failed_anywhere, 1, MPI_INT, MPI_MAX, comm);
-            }
-            return rc;
+            if (!exchange_failure) return issue(comm, nullptr, ptrs);
+            // The flag's exchange starts first, in the same place on every
+            // rank, and progresses while the data's blocking call runs.
+            MPI_Request flag = MPI_REQUEST_NULL;
+            int rc = MPI_Iallreduce(&p->failed_here, &p->failed_anywhere, 1, MPI_INT, MPI_MAX, comm, &flag);
+            if (rc != MPI_SUCCESS) return rc;
+            rc = issue(comm, nullptr, ptrs);
+            const int waited = MPI_Wait(&flag, MPI_STATUS_IGNORE);
+            return rc != MPI_SUCCESS ? rc : waited;
           };
         }
         op.finish = [p, exchange_failure](int rc) {

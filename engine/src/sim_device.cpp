@@ -145,17 +145,18 @@ void SimDevice::executor(Stream& s) {
       item.task->run(RunContext{device(), &s, -1, s.index, this, {}});
       tls_running_stream = nullptr;
       if (timed) ran.end_ns = profiler::detail::now_ns();
-      const std::string prefix = "sim(" + std::to_string(id_) + "): ";
+      auto injected_error = [&](const char* what) {
+        return std::make_exception_ptr(Error("sim(" + std::to_string(id_) + "): " + what + s.injected_message));
+      };
       switch (s.injected) {
         case Injected::kFault:
           // Its completion never comes; the device fails it with the rest.
           ledger_.ran(item.launch);
-          fault_device(std::make_exception_ptr(Error(prefix + "device fault: " + s.injected_message)));
+          fault_device(injected_error("device fault: "));
           break;
         case Injected::kFailCompletion:
           advance(s.completed, item.ticket);
-          ledger_.fail(item.launch, std::make_exception_ptr(
-                                        Error(prefix + "recording the completion failed: " + s.injected_message)));
+          ledger_.fail(item.launch, injected_error("recording the completion failed: "));
           break;
         case Injected::kNone:
           advance(s.completed, item.ticket);

@@ -59,7 +59,7 @@ if [ ${#missing[@]} -ne 0 ]; then
 fi
 
 echo "== CUDA runtime probe"
-if nvcc -O2 -std=c++17 -arch=native tests/gpu/cuda_runtime_probe.cu -o "$OUT_DIR/cuda_runtime_probe" \
+if nvcc -O2 -std=c++17 -arch=native tests/cuda/cuda_runtime_probe.cu -o "$OUT_DIR/cuda_runtime_probe" \
      >"$OUT_DIR/probe_build.log" 2>&1; then
   timeout 60 "$OUT_DIR/cuda_runtime_probe" 2>&1 | tee "$OUT_DIR/probe.log"
   result[probe]=${PIPESTATUS[0]}

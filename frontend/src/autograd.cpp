@@ -488,7 +488,7 @@ using detail::AutogradMeta;
 using detail::GradNode;
 
 NDArray& NDArray::requires_grad(bool on) {
-  const auto& s = Access::state(*this, "requires_grad");
+  const auto& s = Access::meta(*this, "requires_grad");
   if (!is_floating(s->dtype)) {
     throw InvalidArgument("requires_grad: only float32 and float64 arrays carry gradients, got " +
                           std::string(to_string(s->dtype)));
@@ -511,12 +511,12 @@ NDArray& NDArray::requires_grad(bool on) {
 }
 
 bool NDArray::requires_grad() const {
-  const auto& s = Access::state(*this, "requires_grad");
+  const auto& s = Access::meta(*this, "requires_grad");
   return s->autograd && s->autograd->requires_grad;
 }
 
 bool NDArray::is_leaf() const {
-  const auto& s = Access::state(*this, "is_leaf");
+  const auto& s = Access::meta(*this, "is_leaf");
   return !s->autograd || !s->autograd->grad_fn;
 }
 

@@ -14,8 +14,22 @@ namespace lazydag::detail {
 
 using StatePtr = std::shared_ptr<const ArrayState>;
 
+namespace fusion {
+void settle(const ArrayState& s);
+}
+
 struct Access {
+  /// The handle's state, for an op that reads or writes its buffer: a
+  /// fused group still gathering ops that touch the buffer is recorded
+  /// first (fusion.hpp), so this access comes after it.
   static const StatePtr& state(const NDArray& a, const char* op) {
+    const StatePtr& s = meta(a, op);
+    fusion::settle(*s);
+    return s;
+  }
+  /// The handle's state for its shape, dtype, device or autograd record
+  /// alone, or for an elementwise op that may join a fused group.
+  static const StatePtr& meta(const NDArray& a, const char* op) {
     if (!a.state_) {
       throw InvalidArgument(std::string(op) + ": use of an empty or moved-from NDArray");
     }

@@ -8,6 +8,8 @@
 #include "autograd_internal.hpp"
 #include "host_pool.hpp"
 #include "internal.hpp"
+#include "storage.hpp"
+#include "fusion.hpp"
 
 #include <array>
 #include <atomic>
@@ -89,74 +91,6 @@ void set_default_device(Device dev) {
 
 namespace detail {
 
-namespace {
-std::atomic<std::int64_t> g_bytes{0};
-}  // namespace
-
-/// A buffer and the engine var that orders its accesses. Every recorded op
-/// that touches the buffer holds a reference, so the buffer is freed only
-/// after its last access has run; the var's deletion is then recorded.
-/// Host buffers come from the host pool at once. Stream-device buffers are
-/// allocated by the first op that writes them, on its stream, and freed by a
-/// recorded op that writes the var: it runs after every access, on the
-/// stream of the last one, after joining the others (stream-ordered pool).
-struct Storage {
-  engine::Engine* eng;
-  engine::Var var;
-  Device device;
-  void* data = nullptr;  // stream devices: set by the first writer, in stream order
-  std::size_t bytes;
-  // In-place writes recorded so far (autograd refuses a backward that would
-  // read a saved array written since it was saved).
-  std::atomic<std::uint64_t> version{0};
-
-  // The var is owned: deleting it through the engine is refused (it would
-  // leave this storage unable to order its own free).
-  Storage(engine::Engine& e, Device dev, std::size_t n)
-      : eng(&e), var(e.new_owned_var("an NDArray")), device(dev), bytes(n) {
-    if (dev.is_stream_device()) return;
-    try {
-      data = HostPool::get().allocate(n);  // 64-byte aligned, pooled by size class
-    } catch (...) {
-      e.delete_owned_var(var);
-      throw;
-    }
-    g_bytes.fetch_add(static_cast<std::int64_t>(n), std::memory_order_relaxed);
-  }
-  ~Storage() {
-    if (device.is_stream_device()) {
-      void* p = data;
-      const std::size_t n = bytes;
-      try {
-        engine::PushOptions o;
-        o.device = device;
-        o.name = "free";
-        eng->push([p, n](const engine::RunContext& ctx) { ctx.stream_device->deallocate(p, n, ctx.stream); },
-                  {}, {var}, o);
-      } catch (const std::exception& e) {
-        std::cerr << "lazydag: could not record the free of a " << device.str() << " buffer: " << e.what()
-                  << '\n';
-      }
-    } else {
-      HostPool::get().release(data, bytes);
-      g_bytes.fetch_sub(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
-    }
-    try {
-      eng->delete_owned_var(var);
-    } catch (const std::exception& e) {  // a destructor never throws
-      std::cerr << "lazydag: could not record the deletion of an array's var: " << e.what() << '\n';
-    }
-  }
-  /// Inside an op on the storage's device: the buffer, allocated now on the
-  /// op's stream if this is its first write.
-  void* ensure(const engine::RunContext& ctx) {
-    if (data == nullptr && ctx.stream_device != nullptr) data = ctx.stream_device->allocate(bytes, ctx.stream);
-    return data;
-  }
-  Storage(const Storage&) = delete;
-  Storage& operator=(const Storage&) = delete;
-};
-
 std::uint64_t storage_version(const ArrayState& s) noexcept {
   return s.storage->version.load(std::memory_order_relaxed);
 }
@@ -200,6 +134,9 @@ engine::PushOptions push_options(Device dev, const char* name, std::size_t bytes
 }
 
 StatePtr new_array(const Shape& shape, DType t, Device dev, const char* op) {
+  // A fused group spans consecutive elementwise ops: an op with an array
+  // of its own records the thread's group first.
+  detail::fusion::flush_mine();
   check_shape(shape, op);  // the byte count below cannot overflow
   check_device(dev, op);
   const std::size_t bytes = static_cast<std::size_t>(numel(shape)) * size_of(t);
@@ -315,17 +252,49 @@ StatePtr dense(const StatePtr& a) {
   return out;
 }
 
+// An elementwise op's result: joined to the thread's fused group when
+// fusion is on for `dev`, otherwise a new array that `rec` records (after
+// the inputs' groups are recorded). Ops that can fail at run time (integer
+// division) are not fused: a fused node fails as a whole.
+template <class Rec>
+StatePtr elementwise(ops::FusedStep step, std::initializer_list<StatePtr> inputs, const Shape& shape, DType t,
+                     Device dev, const char* name, Rec rec, bool fusible = true) {
+  if (fusible && detail::fusion::active(dev)) {
+    check_shape(shape, name);
+    std::array<StatePtr, 3> in;
+    std::size_t n = 0;
+    for (const StatePtr& p : inputs) in[n++] = p;
+    return detail::fusion::append(step, std::span<const StatePtr>(in.data(), n), shape, t, dev, name);
+  }
+  for (const StatePtr& p : inputs) detail::fusion::settle(*p);
+  StatePtr out = new_array(shape, t, dev, name);
+  rec(out);
+  return out;
+}
+
+ops::FusedStep fused_step(ops::FusedStep::Kind kind, std::uint8_t op, double scalar = 0, bool scalar_first = false) {
+  ops::FusedStep s;
+  s.kind = kind;
+  s.op = op;
+  s.scalar = scalar;
+  s.scalar_first = scalar_first;
+  return s;
+}
+
 NDArray unary_op(ops::UnaryOp op, const NDArray& x) {
   const char* name = to_string(op).data();
-  const StatePtr& a = Access::state(x, name);
+  const StatePtr& a = Access::meta(x, name);
   numeric(*a, name);
   if (op != ops::UnaryOp::kNeg && op != ops::UnaryOp::kAbs && op != ops::UnaryOp::kRelu) {
     floating(*a, name);
   }
-  StatePtr out = new_array(a->shape, a->dtype, a->storage->device, name);
-  record(name, {a}, out, [op](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o) {
-    ops::unary(ctx, op, view(*in[0]), view(o));
-  });
+  StatePtr out = elementwise(
+      fused_step(ops::FusedStep::Kind::kUnary, static_cast<std::uint8_t>(op)), {a}, a->shape, a->dtype,
+      a->storage->device, name, [&](const StatePtr& o) {
+        record(name, {a}, o, [op](const engine::RunContext& ctx, const Inputs& in, const ArrayState& r) {
+          ops::unary(ctx, op, view(*in[0]), view(r));
+        });
+      });
   NDArray r = Access::wrap(out);
   grad::unary(op, x, r);
   return r;
@@ -338,15 +307,21 @@ void check_binary(ops::BinaryOp op, const ArrayState& a, const char* name) {
 
 NDArray binary_op(ops::BinaryOp op, const NDArray& x, const NDArray& y) {
   const char* name = to_string(op).data();
-  const StatePtr& a = Access::state(x, name);
-  const StatePtr& b = Access::state(y, name);
+  const StatePtr& a = Access::meta(x, name);
+  const StatePtr& b = Access::meta(y, name);
   const Device dev = common_device({a.get(), b.get()}, name);
   same_dtype(*a, *b, name);
   check_binary(op, *a, name);
-  StatePtr out = new_array(ops::broadcast_shapes(a->shape, b->shape, name), a->dtype, dev, name);
-  record(name, {a, b}, out, [op](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o) {
-    ops::binary(ctx, op, view(*in[0]), view(*in[1]), view(o));
-  });
+  const bool can_fail = op == ops::BinaryOp::kDiv && !is_floating(a->dtype);
+  StatePtr out = elementwise(
+      fused_step(ops::FusedStep::Kind::kBinary, static_cast<std::uint8_t>(op)), {a, b},
+      ops::broadcast_shapes(a->shape, b->shape, name), a->dtype, dev, name,
+      [&](const StatePtr& o) {
+        record(name, {a, b}, o, [op](const engine::RunContext& ctx, const Inputs& in, const ArrayState& r) {
+          ops::binary(ctx, op, view(*in[0]), view(*in[1]), view(r));
+        });
+      },
+      !can_fail);
   NDArray r = Access::wrap(out);
   grad::binary(op, x, y, r);
   return r;
@@ -367,13 +342,21 @@ void check_scalar_divisor(ops::BinaryOp op, const ArrayState& a, double s, const
 
 NDArray scalar_op(ops::BinaryOp op, const NDArray& x, double s, bool scalar_first) {
   const char* name = to_string(op).data();
-  const StatePtr& a = Access::state(x, name);
+  const StatePtr& a = Access::meta(x, name);
   check_binary(op, *a, name);
   if (!scalar_first) check_scalar_divisor(op, *a, s, name);
-  StatePtr out = new_array(a->shape, a->dtype, a->storage->device, name);
-  record(name, {a}, out, [op, s, scalar_first](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o) {
-    ops::binary_scalar(ctx, op, view(*in[0]), s, scalar_first, view(o));
-  });
+  // scalar / array divides by the array's elements: an integer zero fails.
+  const bool can_fail = op == ops::BinaryOp::kDiv && scalar_first && !is_floating(a->dtype);
+  StatePtr out = elementwise(
+      fused_step(ops::FusedStep::Kind::kScalar, static_cast<std::uint8_t>(op), s, scalar_first), {a}, a->shape,
+      a->dtype, a->storage->device, name,
+      [&](const StatePtr& o) {
+        record(name, {a}, o,
+               [op, s, scalar_first](const engine::RunContext& ctx, const Inputs& in, const ArrayState& r) {
+                 ops::binary_scalar(ctx, op, view(*in[0]), s, scalar_first, view(r));
+               });
+      },
+      !can_fail);
   NDArray r = Access::wrap(out);
   grad::scalar(op, x, s, scalar_first, r);
   return r;
@@ -381,24 +364,30 @@ NDArray scalar_op(ops::BinaryOp op, const NDArray& x, double s, bool scalar_firs
 
 NDArray compare_op(ops::CompareOp op, const NDArray& x, const NDArray& y) {
   const char* name = to_string(op).data();
-  const StatePtr& a = Access::state(x, name);
-  const StatePtr& b = Access::state(y, name);
+  const StatePtr& a = Access::meta(x, name);
+  const StatePtr& b = Access::meta(y, name);
   const Device dev = common_device({a.get(), b.get()}, name);
   same_dtype(*a, *b, name);
-  StatePtr out = new_array(ops::broadcast_shapes(a->shape, b->shape, name), DType::kBool, dev, name);
-  record(name, {a, b}, out, [op](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o) {
-    ops::compare(ctx, op, view(*in[0]), view(*in[1]), view(o));
-  });
+  StatePtr out = elementwise(
+      fused_step(ops::FusedStep::Kind::kCompare, static_cast<std::uint8_t>(op)), {a, b},
+      ops::broadcast_shapes(a->shape, b->shape, name), DType::kBool, dev, name, [&](const StatePtr& o) {
+        record(name, {a, b}, o, [op](const engine::RunContext& ctx, const Inputs& in, const ArrayState& r) {
+          ops::compare(ctx, op, view(*in[0]), view(*in[1]), view(r));
+        });
+      });
   return Access::wrap(out);
 }
 
 NDArray compare_scalar_op(ops::CompareOp op, const NDArray& x, double s) {
   const char* name = to_string(op).data();
-  const StatePtr& a = Access::state(x, name);
-  StatePtr out = new_array(a->shape, DType::kBool, a->storage->device, name);
-  record(name, {a}, out, [op, s](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o) {
-    ops::compare_scalar(ctx, op, view(*in[0]), s, view(o));
-  });
+  const StatePtr& a = Access::meta(x, name);
+  StatePtr out = elementwise(
+      fused_step(ops::FusedStep::Kind::kCompareScalar, static_cast<std::uint8_t>(op), s), {a}, a->shape,
+      DType::kBool, a->storage->device, name, [&](const StatePtr& o) {
+        record(name, {a}, o, [op, s](const engine::RunContext& ctx, const Inputs& in, const ArrayState& r) {
+          ops::compare_scalar(ctx, op, view(*in[0]), s, view(r));
+        });
+      });
   return Access::wrap(out);
 }
 
@@ -471,15 +460,15 @@ NDArray reduce_op(ops::ReduceOp op, const NDArray& x, bool all, int axis, bool k
 
 // ---- NDArray members ---------------------------------------------------------
 
-const Shape& NDArray::shape() const { return Access::state(*this, "shape")->shape; }
-DType NDArray::dtype() const { return Access::state(*this, "dtype")->dtype; }
-Device NDArray::device() const { return Access::state(*this, "device")->storage->device; }
+const Shape& NDArray::shape() const { return Access::meta(*this, "shape")->shape; }
+DType NDArray::dtype() const { return Access::meta(*this, "dtype")->dtype; }
+Device NDArray::device() const { return Access::meta(*this, "device")->storage->device; }
 int NDArray::ndim() const { return static_cast<int>(shape().size()); }
 std::int64_t NDArray::size() const { return numel(shape()); }
-bool NDArray::is_contiguous() const { return contiguous(*Access::state(*this, "is_contiguous")); }
+bool NDArray::is_contiguous() const { return contiguous(*Access::meta(*this, "is_contiguous")); }
 bool NDArray::shares_storage_with(const NDArray& other) const {
-  return Access::state(*this, "shares_storage_with")->storage ==
-         Access::state(other, "shares_storage_with")->storage;
+  return Access::meta(*this, "shares_storage_with")->storage ==
+         Access::meta(other, "shares_storage_with")->storage;
 }
 engine::Var NDArray::var() const { return Access::state(*this, "var")->storage->var; }
 
@@ -548,11 +537,14 @@ NDArray NDArray::copy() const {
 }
 
 NDArray NDArray::astype(DType t) const {
-  const StatePtr& a = Access::state(*this, "astype");
-  StatePtr out = new_array(a->shape, t, a->storage->device, "astype");
-  record("astype", {a}, out, [](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o) {
-    ops::copy_cast(ctx, view(*in[0]), view(o));
-  });
+  const StatePtr& a = Access::meta(*this, "astype");
+  StatePtr out = elementwise(
+      fused_step(ops::FusedStep::Kind::kCast, 0), {a}, a->shape, t, a->storage->device, "astype",
+      [&](const StatePtr& o) {
+        record("astype", {a}, o, [](const engine::RunContext& ctx, const Inputs& in, const ArrayState& r) {
+          ops::copy_cast(ctx, view(*in[0]), view(r));
+        });
+      });
   NDArray r = Access::wrap(out);
   grad::same_values("astype", *this, r);
   return r;
@@ -939,6 +931,7 @@ std::int64_t device_memory_in_use(Device dev) {
 std::int64_t memory_cached() { return static_cast<std::int64_t>(detail::HostPool::get().cached_bytes()); }
 void release_cached_memory() { detail::HostPool::get().trim(); }
 void waitall(std::source_location where) {
+  detail::fusion::flush_all();
   engine().waitall(engine::CallSite{engine::BlockingCall::kWaitall, where});
 }
 
@@ -1029,9 +1022,9 @@ NDArray broadcast_to(const NDArray& x, const Shape& shape) {
 }
 
 NDArray where(const NDArray& cond, const NDArray& x, const NDArray& y) {
-  const StatePtr& c = Access::state(cond, "where");
-  const StatePtr& a = Access::state(x, "where");
-  const StatePtr& b = Access::state(y, "where");
+  const StatePtr& c = Access::meta(cond, "where");
+  const StatePtr& a = Access::meta(x, "where");
+  const StatePtr& b = Access::meta(y, "where");
   const Device dev = common_device({c.get(), a.get(), b.get()}, "where");
   if (c->dtype != DType::kBool) {
     throw InvalidArgument("where: the condition must be a bool array, got " +
@@ -1039,10 +1032,12 @@ NDArray where(const NDArray& cond, const NDArray& x, const NDArray& y) {
   }
   same_dtype(*a, *b, "where");
   Shape s = ops::broadcast_shapes(ops::broadcast_shapes(c->shape, a->shape, "where"), b->shape, "where");
-  StatePtr out = new_array(s, a->dtype, dev, "where");
-  record("where", {c, a, b}, out, [](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o) {
-    ops::where(ctx, view(*in[0]), view(*in[1]), view(*in[2]), view(o));
-  });
+  StatePtr out = elementwise(
+      fused_step(ops::FusedStep::Kind::kWhere, 0), {c, a, b}, s, a->dtype, dev, "where", [&](const StatePtr& o) {
+        record("where", {c, a, b}, o, [](const engine::RunContext& ctx, const Inputs& in, const ArrayState& r) {
+          ops::where(ctx, view(*in[0]), view(*in[1]), view(*in[2]), view(r));
+        });
+      });
   NDArray r = Access::wrap(out);
   grad::where(cond, x, y, r);
   return r;

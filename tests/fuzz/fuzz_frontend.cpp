@@ -108,6 +108,7 @@ std::uint64_t recorded() { return nd::engine().stats().nodes_recorded; }
 // `call` must throw InvalidArgument and record nothing.
 template <class Call>
 void must_refuse(Call call, const char* what) {
+  nd::flush_fused();  // ops gathered for fusion earlier are not this call's
   const std::uint64_t before = recorded();
   try {
     call();

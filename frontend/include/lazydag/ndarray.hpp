@@ -93,7 +93,9 @@ class NDArray {
   [[nodiscard]] bool shares_storage_with(const NDArray& other) const;
   /// False for a default-constructed or moved-from handle.
   [[nodiscard]] bool valid() const noexcept { return state_ != nullptr; }
-  /// The engine var that orders accesses to this array's storage.
+  /// The engine var that orders accesses to this array's storage. Taking
+  /// it records the fused ops gathered on the array so far; call
+  /// nd::flush_fused() before pushing on it after later elementwise ops.
   [[nodiscard]] engine::Var var() const;
 
   // ---- blockers ----
@@ -329,8 +331,23 @@ template <class T>
 /// Joins arrays along an existing axis; a copy.
 [[nodiscard]] NDArray concat(const std::vector<NDArray>& arrays, int axis = 0);
 
-/// Blocks until everything recorded is done (Engine::get().waitall()).
+/// Blocks until everything recorded is done (Engine::get().waitall()),
+/// fused elementwise ops still being gathered included.
 void waitall(std::source_location where = std::source_location::current());
+/// Lazy fusion of elementwise ops (docs/architecture.md, "Fusion"):
+/// consecutive elementwise ops on a CPU device over one shape are recorded
+/// as one node that makes one pass over memory, and results no handle
+/// holds are never stored. The results are bit for bit those of the
+/// separate ops. On by default; LAZYDAG_FUSION=0 turns it off for the
+/// process, set_fusion at run time (ops being gathered are recorded first).
+/// The naive policy never fuses.
+void set_fusion(bool on);
+[[nodiscard]] bool fusion_enabled();
+/// Records now the elementwise ops every thread is still gathering into a
+/// fused node. Needed only before pushing into the engine directly with an
+/// array's var(): every NDArray call that touches an array does it for
+/// the arrays it touches.
+void flush_fused();
 /// The engine NDArrays record into: the process-wide Engine::get().
 [[nodiscard]] engine::Engine& engine();
 /// Bytes of host array storage held by live arrays (or by ops not yet run).

@@ -4,6 +4,7 @@
 // division by zero) by throwing.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <span>
 
@@ -27,6 +28,21 @@ enum class UnaryOp : std::uint8_t { kNeg, kAbs, kExp, kLog, kSqrt, kTanh, kSigmo
 enum class BinaryOp : std::uint8_t { kAdd, kSub, kMul, kDiv, kPow, kMax, kMin };
 enum class CompareOp : std::uint8_t { kEq, kNe, kLt, kLe, kGt, kGe };
 enum class ReduceOp : std::uint8_t { kSum, kMean, kMax, kMin, kArgmax };
+
+/// One step of a fused elementwise program (cpu::fused): the op a single
+/// recorded elementwise call would run, with its operands named by place.
+struct FusedStep {
+  enum class Kind : std::uint8_t { kUnary, kBinary, kScalar, kCompare, kCompareScalar, kWhere, kCast };
+  Kind kind = Kind::kUnary;
+  std::uint8_t op = 0;            ///< the UnaryOp, BinaryOp or CompareOp
+  bool scalar_first = false;      ///< kScalar: op(scalar, a)
+  DType dtype = DType::kFloat32;  ///< the step's result
+  double scalar = 0;              ///< kScalar, kCompareScalar
+  std::uint8_t num_in = 0;
+  /// Operands: >= 0 the result of that earlier step; < 0 the external input
+  /// number -1 - in.
+  std::array<std::int32_t, 3> in{};
+};
 
 [[nodiscard]] std::string_view to_string(UnaryOp op) noexcept;
 [[nodiscard]] std::string_view to_string(BinaryOp op) noexcept;
@@ -55,6 +71,13 @@ void reduce(ReduceOp op, const TensorView& a, bool all, int axis, const TensorVi
 /// C = A x B, float32/float64, 2-D or batched 3-D, through CBLAS; C
 /// contiguous, A and B as gemm_layout (shape.hpp) finds them usable.
 void matmul(const TensorView& a, const TensorView& b, const TensorView& out);
+/// Runs `steps` over the elements of `domain` in cache-sized tiles, each
+/// step through the same kernel as the unfused op (so the results are bit
+/// for bit the same), in parallel over tiles. `inputs` broadcast to
+/// `domain`; outputs[i] is step i's contiguous result of shape `domain`, or
+/// has null data when nobody reads it (it then lives in a tile's scratch).
+void fused(std::span<const FusedStep> steps, std::span<const TensorView> inputs,
+           std::span<const TensorView> outputs, const Shape& domain);
 /// Fills a contiguous buffer.
 void fill(const TensorView& out, double value);
 void arange(const TensorView& out, double start, double step);

@@ -1,0 +1,325 @@
+// Lazy fusion of elementwise ops.
+//
+// Each thread has one open group: consecutive elementwise ops on one CPU
+// device whose results share one shape. An op joins the group instead of
+// being recorded; its result is an array whose storage has a var but no
+// buffer, and every storage the group reads or writes points at the group.
+// The group is recorded into the engine as one node (ops::cpu::fused) when
+//   - the thread records an op that does not join it (another device or
+//     shape, a non-elementwise op, the group full), or
+//   - anything else touches one of its storages: every access to an array
+//     goes through Access::state, which settles the storage's group first
+//     (a blocker, a view, an in-place write, another op, any thread), or
+//   - nd::waitall, the thread's exit or the process's exit.
+// Recording the group before any other access to its storages keeps the
+// engine's view of those accesses in program order: the fused node is
+// recorded where its first op would have been, relative to everything
+// that touches the same buffers. Only results still held by a handle when
+// the group is recorded get a buffer and are written; the rest live in the
+// interpreter's per-tile scratch.
+//
+// Locking: a group's mutex guards its contents; its storages' `group`
+// pointers are set under it and cleared under it after the node is
+// recorded. A thread never holds two groups' mutexes: another thread's
+// group is settled before the caller takes its own. Groups live in a
+// registry and are never freed, so a stale pointer read from a storage
+// always names a live mutex (the pointer is checked again under it).
+#include "fusion.hpp"
+
+#include <lazydag/ndarray.hpp>
+
+#include <atomic>
+#include <cstdlib>
+#include <deque>
+#include <iostream>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "storage.hpp"
+
+namespace lazydag {
+namespace detail::fusion {
+
+struct Group {
+  std::mutex mu;
+  std::atomic<bool> open{false};
+  Device dev{};
+  Shape domain;
+  std::vector<ops::FusedStep> steps;
+  std::vector<StatePtr> outs;  // step i's result
+  std::vector<StatePtr> ext;   // external inputs
+  std::vector<Storage*> touched;
+  std::string name;
+};
+
+namespace {
+
+// A group holds at most this many steps and external inputs; the node's
+// per-tile work and scratch grow with both.
+constexpr std::size_t kMaxSteps = 32;
+constexpr std::size_t kMaxInputs = 16;
+
+std::atomic<int> g_enabled{-1};  // -1: not read from the environment yet
+
+struct Registry {
+  std::mutex mu;
+  std::deque<Group> groups;  // never shrinks: addresses stay valid
+  std::vector<Group*> free;
+};
+
+Registry& registry() {
+  // Leaked on purpose: threads that exit after static destruction still
+  // return their group.
+  static Registry* r = [] {
+    (void)nd::engine();  // the engine's exit handler first, so ours runs before it
+    auto* reg = new Registry;
+    std::atexit([] { flush_all(); });
+    return reg;
+  }();
+  return *r;
+}
+
+ops::TensorView view_of(const ArrayState& s) {
+  return ops::TensorView{s.storage->data, s.dtype, s.shape, s.strides, s.offset};
+}
+
+// The recorded form of a group: what the fused node's function keeps.
+struct Program {
+  std::vector<ops::FusedStep> steps;
+  std::vector<StatePtr> ext;
+  std::vector<StatePtr> kept;  // step i's result, or null when nobody reads it
+  Shape domain;
+};
+
+// Records `g` (its mutex held) as one node and empties it.
+void flush_locked(Group& g) {
+  if (!g.open.load(std::memory_order_relaxed)) return;
+  Program p;
+  p.kept.resize(g.steps.size());
+  std::vector<engine::Var> writes;
+  for (std::size_t i = 0; i < g.outs.size(); ++i) {
+    // The group's reference and at least one more: a handle holds it.
+    if (g.outs[i].use_count() > 1) {
+      Storage& s = *g.outs[i]->storage;
+      if (s.data == nullptr) s.allocate();  // throws bad_alloc: the group stays open
+      p.kept[i] = g.outs[i];
+      writes.push_back(s.var);
+    }
+  }
+  if (!writes.empty()) {
+    std::vector<engine::Var> reads;
+    std::vector<const Storage*> seen;
+    for (const StatePtr& e : g.ext) {
+      const Storage* s = e->storage.get();
+      bool dup = false;
+      for (const Storage* t : seen) dup = dup || t == s;
+      if (!dup) {
+        seen.push_back(s);
+        reads.push_back(s->var);
+      }
+    }
+    p.steps = g.steps;
+    p.ext = g.ext;
+    p.domain = g.domain;
+    engine::PushOptions o;
+    o.device = g.dev;
+    o.name = g.name;
+    nd::engine().push(
+        [p = std::move(p)](const engine::RunContext&) {
+          std::vector<ops::TensorView> in;
+          in.reserve(p.ext.size());
+          for (const StatePtr& e : p.ext) in.push_back(view_of(*e));
+          std::vector<ops::TensorView> out(p.kept.size());
+          for (std::size_t i = 0; i < p.kept.size(); ++i) {
+            if (p.kept[i]) out[i] = view_of(*p.kept[i]);
+          }
+          ops::cpu::fused(p.steps, in, out, p.domain);
+        },
+        reads, writes, o);
+  }
+  // Recorded (or nothing to compute: no result is held): later accesses
+  // need not settle.
+  for (Storage* s : g.touched) s->group.store(nullptr, std::memory_order_release);
+  g.touched.clear();
+  g.steps.clear();
+  g.outs.clear();
+  g.ext.clear();
+  g.name.clear();
+  g.open.store(false, std::memory_order_relaxed);
+}
+
+// The calling thread's group, returned to the registry (recorded first)
+// when the thread exits.
+struct Mine {
+  Group* g = nullptr;
+  ~Mine() {
+    if (g == nullptr) return;
+    try {
+      std::lock_guard lk(g->mu);
+      flush_locked(*g);
+    } catch (const std::exception& e) {  // a destructor never throws
+      std::cerr << "lazydag: could not record a thread's fused ops at its exit: " << e.what() << '\n';
+    }
+    Registry& r = registry();
+    std::lock_guard lk(r.mu);
+    r.free.push_back(g);
+  }
+};
+thread_local Mine tls_mine;
+
+Group& mine() {
+  if (tls_mine.g == nullptr) {
+    Registry& r = registry();
+    std::lock_guard lk(r.mu);
+    if (!r.free.empty()) {
+      tls_mine.g = r.free.back();
+      r.free.pop_back();
+    } else {
+      tls_mine.g = &r.groups.emplace_back();
+    }
+  }
+  return *tls_mine.g;
+}
+
+void settle_storage(const Storage& s) {
+  Group* h = s.group.load(std::memory_order_acquire);
+  if (h == nullptr) return;
+  std::lock_guard lk(h->mu);
+  if (s.group.load(std::memory_order_relaxed) == h) flush_locked(*h);
+}
+
+}  // namespace
+
+bool active(Device dev) {
+  int on = g_enabled.load(std::memory_order_relaxed);
+  if (on < 0) {
+    const char* e = std::getenv("LAZYDAG_FUSION");
+    on = (e != nullptr && std::string_view(e) == "0") ? 0 : 1;
+    int expected = -1;
+    if (!g_enabled.compare_exchange_strong(expected, on, std::memory_order_relaxed)) on = expected;
+  }
+  return on != 0 && dev.kind == DeviceKind::kCpu && nd::engine().policy() != engine::Policy::kNaive;
+}
+
+void settle(const ArrayState& s) {
+  if (s.storage && s.storage->group.load(std::memory_order_acquire) != nullptr) settle_storage(*s.storage);
+}
+
+void flush_mine() {
+  Group* g = tls_mine.g;
+  if (g == nullptr || !g->open.load(std::memory_order_relaxed)) return;
+  std::lock_guard lk(g->mu);
+  flush_locked(*g);
+}
+
+void flush_all() {
+  std::vector<Group*> all;
+  {
+    Registry& r = registry();
+    std::lock_guard lk(r.mu);
+    for (Group& g : r.groups) all.push_back(&g);
+  }
+  for (Group* g : all) {
+    if (!g->open.load(std::memory_order_acquire)) continue;
+    std::lock_guard lk(g->mu);
+    flush_locked(*g);
+  }
+}
+
+StatePtr append(ops::FusedStep step, std::span<const StatePtr> inputs, const Shape& shape, DType t,
+                Device dev, const char* name) {
+  Group& g = mine();
+  for (;;) {
+    // Inputs in another thread's open group: that group is recorded first,
+    // never while this thread holds its own group's mutex.
+    for (const StatePtr& in : inputs) {
+      Group* h = in->storage->group.load(std::memory_order_acquire);
+      if (h != nullptr && h != &g) settle_storage(*in->storage);
+    }
+    std::unique_lock lk(g.mu);
+    bool foreign = false;
+    for (const StatePtr& in : inputs) {
+      Group* h = in->storage->group.load(std::memory_order_acquire);
+      foreign = foreign || (h != nullptr && h != &g);
+    }
+    if (foreign) continue;  // another thread took one in meanwhile: again
+    if (g.open.load(std::memory_order_relaxed) &&
+        (!(g.dev == dev) || g.domain != shape || g.steps.size() >= kMaxSteps ||
+         g.ext.size() + inputs.size() > kMaxInputs)) {
+      flush_locked(g);
+    }
+    // The result first: creating it may throw, and nothing has changed yet.
+    auto out = std::make_shared<ArrayState>();
+    out->storage =
+        std::make_shared<Storage>(nd::engine(), dev, static_cast<std::size_t>(numel(shape)) * size_of(t), true);
+    out->shape = shape;
+    out->strides = contiguous_strides(shape);
+    out->dtype = t;
+    for (std::size_t k = 0; k < inputs.size(); ++k) {
+      const ArrayState* a = inputs[k].get();
+      std::int32_t ref = 0;
+      bool found = false;
+      if (a->storage->group.load(std::memory_order_relaxed) == &g) {
+        for (std::size_t j = 0; j < g.outs.size() && !found; ++j) {
+          if (g.outs[j].get() == a) {
+            ref = static_cast<std::int32_t>(j);
+            found = true;
+          }
+        }
+        for (std::size_t j = 0; j < g.ext.size() && !found; ++j) {
+          if (g.ext[j].get() == a) {
+            ref = -1 - static_cast<std::int32_t>(j);
+            found = true;
+          }
+        }
+      }
+      if (!found) {
+        g.ext.push_back(inputs[k]);
+        ref = -1 - static_cast<std::int32_t>(g.ext.size() - 1);
+        if (a->storage->group.load(std::memory_order_relaxed) != &g) {
+          a->storage->group.store(&g, std::memory_order_release);
+          g.touched.push_back(a->storage.get());
+        }
+      }
+      step.in[k] = ref;
+    }
+    step.num_in = static_cast<std::uint8_t>(inputs.size());
+    step.dtype = t;
+    out->storage->group.store(&g, std::memory_order_release);
+    g.touched.push_back(out->storage.get());
+    if (!g.open.load(std::memory_order_relaxed)) {
+      g.dev = dev;
+      g.domain = shape;
+      g.name = "fused[";
+    } else {
+      g.name.pop_back();  // the closing bracket
+      g.name += ',';
+    }
+    g.name += name;
+    g.name += ']';
+    g.steps.push_back(step);
+    g.outs.push_back(out);
+    g.open.store(true, std::memory_order_relaxed);
+    return out;
+  }
+}
+
+}  // namespace detail::fusion
+
+namespace nd {
+
+void set_fusion(bool on) {
+  detail::fusion::flush_all();
+  detail::fusion::g_enabled.store(on ? 1 : 0, std::memory_order_relaxed);
+}
+
+void flush_fused() { detail::fusion::flush_all(); }
+
+bool fusion_enabled() {
+  (void)detail::fusion::active(cpu());
+  return detail::fusion::g_enabled.load(std::memory_order_relaxed) == 1;
+}
+
+}  // namespace nd
+}  // namespace lazydag

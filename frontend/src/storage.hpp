@@ -1,0 +1,97 @@
+// Storage: an array's buffer and the engine var that orders its accesses
+// (shared by the NDArray sources and the fusion of elementwise ops).
+#pragma once
+
+#include <lazydag/engine/engine.hpp>
+#include <lazydag/engine/stream.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <iostream>
+
+#include "host_pool.hpp"
+#include "internal.hpp"
+
+namespace lazydag::detail {
+
+inline std::atomic<std::int64_t> g_bytes{0};
+
+namespace fusion {
+struct Group;
+}
+
+/// A buffer and the engine var that orders its accesses. Every recorded op
+/// that touches the buffer holds a reference, so the buffer is freed only
+/// after its last access has run; the var's deletion is then recorded.
+/// Host buffers come from the host pool at once. Stream-device buffers are
+/// allocated by the first op that writes them, on its stream, and freed by a
+/// recorded op that writes the var: it runs after every access, on the
+/// stream of the last one, after joining the others (stream-ordered pool).
+struct Storage {
+  engine::Engine* eng;
+  engine::Var var;
+  Device device;
+  void* data = nullptr;  // stream devices: set by the first writer, in stream order
+  std::size_t bytes;
+  // In-place writes recorded so far (autograd refuses a backward that would
+  // read a saved array written since it was saved).
+  std::atomic<std::uint64_t> version{0};
+  // The open fusion group that reads or writes this buffer and has not been
+  // recorded yet (fusion.cpp), or null. Every other access records the
+  // group first (settle), so the engine sees accesses in program order.
+  std::atomic<fusion::Group*> group{nullptr};
+
+  // The var is owned: deleting it through the engine is refused (it would
+  // leave this storage unable to order its own free). A host buffer is
+  // taken from the pool at once unless `deferred` (a fused op's result:
+  // allocate() when the fused node is recorded, and only if it is needed).
+  Storage(engine::Engine& e, Device dev, std::size_t n, bool deferred = false)
+      : eng(&e), var(e.new_owned_var("an NDArray")), device(dev), bytes(n) {
+    if (dev.is_stream_device() || deferred) return;
+    try {
+      allocate();
+    } catch (...) {
+      e.delete_owned_var(var);
+      throw;
+    }
+  }
+  /// A host buffer for a storage constructed deferred.
+  void allocate() {
+    data = HostPool::get().allocate(bytes);  // 64-byte aligned, pooled by size class
+    g_bytes.fetch_add(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
+  }
+  ~Storage() {
+    if (device.is_stream_device()) {
+      void* p = data;
+      const std::size_t n = bytes;
+      try {
+        engine::PushOptions o;
+        o.device = device;
+        o.name = "free";
+        eng->push([p, n](const engine::RunContext& ctx) { ctx.stream_device->deallocate(p, n, ctx.stream); },
+                  {}, {var}, o);
+      } catch (const std::exception& e) {
+        std::cerr << "lazydag: could not record the free of a " << device.str() << " buffer: " << e.what()
+                  << '\n';
+      }
+    } else if (data != nullptr) {
+      HostPool::get().release(data, bytes);
+      g_bytes.fetch_sub(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
+    }
+    try {
+      eng->delete_owned_var(var);
+    } catch (const std::exception& e) {  // a destructor never throws
+      std::cerr << "lazydag: could not record the deletion of an array's var: " << e.what() << '\n';
+    }
+  }
+  /// Inside an op on the storage's device: the buffer, allocated now on the
+  /// op's stream if this is its first write.
+  void* ensure(const engine::RunContext& ctx) {
+    if (data == nullptr && ctx.stream_device != nullptr) data = ctx.stream_device->allocate(bytes, ctx.stream);
+    return data;
+  }
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+};
+
+}  // namespace lazydag::detail

@@ -1,0 +1,235 @@
+// Lazy fusion of elementwise ops: random expression programs run fused and
+// unfused give the same bits; gathered ops are recorded before any other
+// access to their buffers (in-place writes, views, other threads, exits);
+// results nobody holds are never allocated; errors keep their origin.
+#include "reference.hpp"
+
+#include <cstring>
+#include <future>
+#include <random>
+#include <thread>
+
+using namespace lazydag;
+using namespace lazydag::test;
+
+namespace {
+
+// Whether elementwise ops on the CPU are fused in this run's configuration.
+// (Arrays are made on the default device, which the sim configuration
+// sets to sim(0): stream devices are not fused.)
+bool fusing() {
+  return nd::fusion_enabled() && nd::engine().policy() != engine::Policy::kNaive &&
+         default_device().kind == DeviceKind::kCpu;
+}
+
+std::uint64_t recorded() {
+  nd::flush_fused();
+  return nd::engine().stats().nodes_recorded;
+}
+
+// Restores the process's setting at the end of a test.
+struct FusionScope {
+  bool was = nd::fusion_enabled();
+  explicit FusionScope(bool on) { nd::set_fusion(on); }
+  ~FusionScope() { nd::set_fusion(was); }
+};
+
+std::vector<unsigned char> bytes_of(const NDArray& a) {
+  std::vector<unsigned char> out;
+  dispatch(a.dtype(), [&]<class T>() {
+    const std::vector<T> v = a.to_vector<T>();
+    if constexpr (std::is_same_v<T, bool>) {
+      for (bool b : v) out.push_back(b ? 1 : 0);
+    } else {
+      out.resize(v.size() * sizeof(T));
+      if (!v.empty()) std::memcpy(out.data(), v.data(), out.size());
+    }
+  });
+  return out;
+}
+
+// A random program of elementwise ops over a domain shape: inputs of the
+// domain's shape, broadcast shapes, views and scalars; unary, binary,
+// scalar, comparison, where and astype steps; some results held to the
+// end, some dropped at once. Returns the held results' bytes.
+std::vector<std::vector<unsigned char>> run_program(std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<unsigned>(n)); };
+  const std::vector<Shape> domains = {{7}, {300, 200}, {3, 5, 4}, {70000}, {}, {2, 0, 3}};
+  const Shape domain = domains[static_cast<std::size_t>(pick(static_cast<int>(domains.size())))];
+  const DType t = pick(3) == 0 ? DType::kFloat64 : pick(2) == 0 ? DType::kInt32 : DType::kFloat32;
+  std::vector<NDArray> pool;  // arrays of dtype t broadcastable to the domain
+  std::uint32_t s = seed * 7919U;
+  pool.push_back(random_array(domain, t, ++s));
+  pool.push_back(random_array(domain, t, ++s));
+  if (!domain.empty()) {
+    Shape row(domain.end() - 1, domain.end());
+    pool.push_back(random_array(row, t, ++s));
+    pool.push_back(random_array({1}, t, ++s));
+    if (domain.size() == 2) {
+      pool.push_back(random_array({domain[1], domain[0]}, t, ++s).transpose());  // a strided view
+      pool.push_back(random_array({domain[0], 1}, t, ++s));
+      pool.push_back(random_array({domain[0] + 3, domain[1]}, t, ++s).slice(0, 2, domain[0] + 2));
+    }
+  }
+  nd::waitall();
+  std::vector<NDArray> held;
+  NDArray cur = pool[0];
+  const int steps = 3 + pick(12);
+  for (int i = 0; i < steps; ++i) {
+    const NDArray& other = pool[static_cast<std::size_t>(pick(static_cast<int>(pool.size())))];
+    NDArray next;
+    const bool floating = is_floating(t);
+    switch (pick(floating ? 7 : 5)) {
+      case 0: next = cur + other; break;
+      case 1: next = pick(2) == 0 ? cur * other : cur - other; break;
+      case 2: next = pick(2) == 0 ? cur * 0.5 + 1.0 : 2.0 - cur; break;
+      case 3: next = nd::where(cur > other, cur, other); break;
+      case 4: next = (cur.astype(DType::kFloat64) * 1.5).astype(t); break;
+      case 5: next = pick(2) == 0 ? nd::tanh(cur) : nd::relu(cur); break;
+      default: next = nd::sigmoid(cur) / (nd::abs(other) + 1.0); break;
+    }
+    if (pick(3) == 0) held.push_back(next);  // an intermediate someone keeps
+    if (pick(8) == 0) pool.push_back(next);  // and may read again later
+    cur = std::move(next);
+  }
+  held.push_back(cur);
+  std::vector<std::vector<unsigned char>> out;
+  for (const NDArray& h : held) out.push_back(bytes_of(h));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("fused and unfused random programs give the same bits") {
+  for (std::uint32_t seed = 1; seed <= 60; ++seed) {
+    CAPTURE(seed);
+    std::vector<std::vector<unsigned char>> fused;
+    std::vector<std::vector<unsigned char>> unfused;
+    {
+      FusionScope on(true);
+      fused = run_program(seed);
+    }
+    {
+      FusionScope off(false);
+      unfused = run_program(seed);
+    }
+    REQUIRE(fused.size() == unfused.size());
+    for (std::size_t i = 0; i < fused.size(); ++i) {
+      CAPTURE(i);
+      CHECK(fused[i] == unfused[i]);
+    }
+  }
+}
+
+TEST_CASE("a fused expression is one node and matches a double reference") {
+  FusionScope on(true);
+  NDArray x = random_array({500, 64}, DType::kFloat32, 1);
+  NDArray w = random_array({64}, DType::kFloat32, 2);
+  NDArray b = random_array({500, 1}, DType::kFloat32, 3);
+  nd::waitall();
+  const auto before = recorded();
+  NDArray y = nd::sigmoid(x * w + b);
+  const auto nodes = recorded() - before;
+  CHECK(nodes == (fusing() ? 1U : 3U));
+  const auto xv = values(x);
+  const auto wv = values(w);
+  const auto bv = values(b);
+  std::vector<double> want(xv.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    want[i] = 1.0 / (1.0 + std::exp(-(xv[i] * wv[i % 64] + bv[i / 64])));
+  }
+  check_close(values(y), want, tolerance(DType::kFloat32));
+}
+
+TEST_CASE("intermediates nobody holds are never allocated") {
+  if (default_device().kind != DeviceKind::kCpu) return;  // memory_in_use counts host memory
+  FusionScope on(true);
+  NDArray x = nd::ones({1 << 18});  // 1 MiB
+  nd::waitall();
+  const std::int64_t base = nd::memory_in_use();
+  const std::int64_t mib = std::int64_t{1} << 20;
+  NDArray y = ((x * 2.0) + 1.0) * 3.0;
+  if (fusing()) CHECK(nd::memory_in_use() == base);  // gathered: nothing allocated yet
+  y.wait_to_read();
+  CHECK(nd::memory_in_use() - base == mib);  // y alone, fused or not (unfused: the others are freed)
+  NDArray kept = x * 4.0;
+  NDArray z = kept - 1.0;
+  z.wait_to_read();
+  CHECK(nd::memory_in_use() - base == 3 * mib);  // y, kept, z
+  CHECK(kept.to_vector<float>()[5] == 4.0F);
+  CHECK(z.to_vector<float>()[7] == 3.0F);
+  CHECK(y.to_vector<float>()[9] == 9.0F);
+}
+
+TEST_CASE("gathered ops come before a later in-place write, view or copy of their buffers") {
+  FusionScope on(true);
+  NDArray x = nd::full({1000}, 2.0);
+  NDArray y = x * 3.0 + 1.0;  // reads x, gathered
+  x += 10.0;                  // must come after the gathered read of x
+  NDArray yv = y.slice(0, 0, 10);
+  NDArray c = y.copy();
+  CHECK(y.to_vector<float>()[0] == 7.0F);
+  CHECK(yv.to_vector<float>()[9] == 7.0F);
+  CHECK(c.to_vector<float>()[999] == 7.0F);
+  CHECK(x.to_vector<float>()[0] == 12.0F);
+  NDArray m = (x - 2.0).sum();  // a reduction of a gathered result
+  CHECK(m.item<float>() == 10000.0F);
+}
+
+TEST_CASE("another thread's read records the gathering thread's group") {
+  FusionScope on(true);
+  NDArray x = nd::full({4096}, 1.0);
+  nd::waitall();
+  std::promise<NDArray> made;
+  std::promise<void> read;
+  std::thread gatherer([&] {
+    NDArray y = nd::exp(x * 0.0) + 2.0;  // gathered on this thread
+    made.set_value(y);
+    read.get_future().wait();            // the group is still open here
+    NDArray z = y * 2.0;                  // more work after the other thread's read
+    CHECK(z.to_vector<float>()[0] == 6.0F);
+  });
+  NDArray y = made.get_future().get();
+  CHECK(y.to_vector<float>()[4095] == 3.0F);  // settles the other thread's group
+  read.set_value();
+  gatherer.join();
+}
+
+TEST_CASE("a thread's gathered ops are recorded when it exits") {
+  FusionScope on(true);
+  NDArray x = nd::full({256}, 5.0);
+  NDArray out;
+  std::thread t([&] { out = x * x - 1.0; });  // nothing waits in the thread
+  t.join();
+  CHECK(out.to_vector<float>()[0] == 24.0F);
+  nd::waitall();
+}
+
+TEST_CASE("an input that failed fails the fused result, naming the op that failed") {
+  FusionScope on(true);
+  NDArray a = nd::array<std::int32_t>({1, 2, 3}, {3});
+  NDArray zero = nd::zeros({3}, DType::kInt32);
+  NDArray bad = a / zero;  // integer division: not fused, fails when it runs
+  NDArray y = bad * 2 + 1;
+  try {
+    y.wait_to_read();
+    FAIL("the failure did not reach the fused result");
+  } catch (const OpError& e) {
+    CHECK(std::string(e.what()).find("div") != std::string::npos);
+  }
+  nd::waitall();  // reported once, by the wait above
+}
+
+TEST_CASE("fused nodes are named by the ops they contain") {
+  if (!fusing() || nd::engine().policy() != engine::Policy::kLazy) return;
+  FusionScope on(true);
+  NDArray x = nd::full({64}, 1.0);
+  nd::waitall();
+  NDArray y = nd::sigmoid(x * 2.0 + 1.0);
+  nd::flush_fused();
+  bool found = false;
+  for (const auto& p : nd::engine().pending_nodes()) found = found || p.name == "fused[mul,add,sigmoid]";
+  CHECK(found);
+  y.wait_to_read();
+}

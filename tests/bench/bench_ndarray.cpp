@@ -15,7 +15,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <map>
+#include <memory>
 #include <new>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -42,6 +45,24 @@ void* allocate(std::size_t n, std::size_t align) {
   return p;
 }
 
+// Median milliseconds per expression of the NumPy peer script, or empty.
+std::map<std::string, double> numpy_peer(int argc, char** argv) {
+  std::map<std::string, double> ms;
+  if (argc < 3) return ms;
+  const std::string cmd = "'" + std::string(argv[2]) + "' '" + argv[1] + "' 2>&1";
+  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
+  if (!p) return ms;
+  char line[512];
+  while (std::fgets(line, sizeof line, p.get()) != nullptr) {
+    const std::string l(line);
+    const auto e = l.find("expr=");
+    const auto m = l.find(" ms=");
+    if (e == 0 && m != std::string::npos) ms[l.substr(5, m - 5)] = std::stod(l.substr(m + 4));
+    if (l.rfind("skipped=", 0) == 0) std::printf("bench=ndarray peer=numpy %s", line);
+  }
+  return ms;
+}
+
 }  // namespace
 
 // The replaceable global allocation functions; the array and nothrow forms
@@ -53,10 +74,14 @@ void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
 
-int main() {
+int main(int argc, char** argv) {
   const int threads = nd::engine().num_threads();
   std::printf("bench=ndarray policy=%s threads=%d\n",
               std::string(engine::to_string(nd::engine().policy())).c_str(), threads);
+  // The tiny-op figures are the engine's per-op cost: fusion off (fused,
+  // 10,000 x + 1 whose results are dropped compute nothing at all).
+  const bool fusion = nd::fusion_enabled();
+  nd::set_fusion(false);
 
   // tiny ops first (before OpenBLAS has started threads of its own): the per-op cost of the frontend + engine.
   {
@@ -86,7 +111,21 @@ int main() {
     counting = false;
     std::printf("bench=ndarray workload=tiny_add allocs_per_op=%.2f\n",
                 static_cast<double>(allocations) / ops);
+    // The 10,000 x = x + 1 chain, read once: fused into nodes of 32 ops.
+    auto chain = [&] {
+      NDArray y = x;
+      for (int i = 0; i < ops; ++i) y = y + 1.0;
+      y.wait_to_read();
+    };
+    const double unfused = median_seconds(chain, kTinyRepeats);
+    nd::set_fusion(true);
+    const double fused = median_seconds(chain, kTinyRepeats);
+    nd::set_fusion(false);
+    std::printf("bench=ndarray workload=tiny_chain fusion=off ns_per_op=%.0f\n", unfused / ops * 1e9);
+    std::printf("bench=ndarray workload=tiny_chain fusion=on ns_per_op=%.0f\n", fused / ops * 1e9);
+    std::printf("bench=ndarray workload=tiny_chain speedup_vs_unfused=%.2f\n", unfused / fused);
   }
+  nd::set_fusion(fusion);
   // sgemm: lazydag (64-row blocks of single-threaded OpenBLAS over the
   // engine's workers) vs OpenBLAS called directly with 1 and with all threads.
   for (int n : {256, 1024, 2048}) {
@@ -165,6 +204,38 @@ int main() {
       const double one = median_seconds([&] { body(0, n); });
       const double two = median_seconds([&] { split2(body); });
       report("tanh", 2.0 * n * 4, ours, one, two);
+    }
+    // Fused expressions on 16M float32 (LAZYDAG_FUSION=0 for the unfused
+    // figure, in the same run), beside NumPy on the same expressions.
+    {
+      const std::map<std::string, double> numpy = numpy_peer(argc, argv);
+      NDArray w = nd::random_uniform({n}, cpu(), 3, 0.5, 1.5);
+      NDArray bb = nd::random_uniform({n}, cpu(), 4, 0.5, 1.5);
+      NDArray m = nd::random_uniform({n}, cpu(), 5, 0.5, 1.5);
+      NDArray sd = nd::random_uniform({n}, cpu(), 6, 0.5, 1.5);
+      NDArray g = nd::random_uniform({n}, cpu(), 7, 0.5, 1.5);
+      nd::waitall();
+      const std::pair<const char*, std::function<NDArray()>> exprs[] = {
+          {"sigmoid", [&] { return nd::sigmoid(a * w + bb); }},
+          {"chain6", [&] { return nd::relu((a - m) / sd * g + bb); }},
+      };
+      for (const auto& [name, expr] : exprs) {
+        nd::set_fusion(false);
+        const double off = median_seconds([&] { expr().wait_to_read(); });
+        nd::set_fusion(true);
+        const double on = median_seconds([&] { expr().wait_to_read(); });
+        nd::set_fusion(fusion);
+        std::printf("bench=ndarray workload=fused_%s n=%lld fusion=on ms=%.2f\n", name, static_cast<long long>(n),
+                    on * 1e3);
+        std::printf("bench=ndarray workload=fused_%s n=%lld fusion=off ms=%.2f\n", name, static_cast<long long>(n),
+                    off * 1e3);
+        std::printf("bench=ndarray workload=fused_%s speedup_vs_unfused=%.2f\n", name, off / on);
+        if (auto it = numpy.find(name); it != numpy.end()) {
+          std::printf("bench=ndarray workload=fused_%s n=%lld peer=numpy ms=%.2f\n", name,
+                      static_cast<long long>(n), it->second);
+          std::printf("bench=ndarray workload=fused_%s ratio_vs_numpy=%.2f\n", name, on * 1e3 / it->second);
+        }
+      }
     }
     const double sum = median_seconds([&] { (void)a.sum().item<float>(); });
     std::printf("bench=ndarray workload=sum n=%lld lazydag_gbps=%.2f\n", static_cast<long long>(n),

@@ -11,6 +11,7 @@
 #include <lazydag/lazydag.hpp>
 
 #include "config.hpp"
+#include "training.hpp"
 
 #include <dlpack/dlpack.h>
 #include <pybind11/numpy.h>
@@ -28,7 +29,7 @@
 namespace py = pybind11;
 using namespace lazydag;
 
-namespace {
+namespace lazydag_py {
 
 // NumPy dtype (or its name, or a Python type) -> DType.
 DType to_dtype(const py::object& o) {
@@ -43,6 +44,14 @@ DType to_dtype(const py::object& o) {
 
 DType dtype_or(const py::object& o, DType fallback) { return o.is_none() ? fallback : to_dtype(o); }
 Device device_or(const py::object& o) { return o.is_none() ? default_device() : o.cast<Device>(); }
+
+}  // namespace lazydag_py
+
+using lazydag_py::device_or;
+using lazydag_py::dtype_or;
+using lazydag_py::to_dtype;
+
+namespace {
 
 Shape to_shape(const py::object& o) {
   if (py::isinstance<py::int_>(o)) return Shape{o.cast<std::int64_t>()};
@@ -627,6 +636,14 @@ PYBIND11_MODULE(lazydag, m) {
     Blocking nogil;
     dist::barrier();
   });
+
+  // Fusion of elementwise ops (docs/architecture.md, "Fusion").
+  m.def("set_fusion", &nd::set_fusion, py::arg("on"));
+  m.def("fusion_enabled", &nd::fusion_enabled);
+  m.def("flush_fused", &nd::flush_fused);
+
+  // lazydag.nn, lazydag.optim, lazydag.MetricLog, lazydag.dist.DataParallel
+  lazydag_py::bind_training(m, dm);
 
   // Grad mode: `with lazydag.autograd.no_grad(): ...`
   py::module_ ag = m.def_submodule("autograd", "grad mode, per thread");

@@ -233,3 +233,26 @@ TEST_CASE("fused nodes are named by the ops they contain") {
   CHECK(found);
   y.wait_to_read();
 }
+
+TEST_CASE("gradients through fused ops are those of the unfused ops") {
+  auto grads = [](bool fused) {
+    FusionScope scope(fused);
+    NDArray x = random_array({64, 33}, DType::kFloat64, 11);
+    NDArray w = random_array({33}, DType::kFloat64, 12);
+    NDArray b = random_array({64, 1}, DType::kFloat64, 13);
+    x.requires_grad(true);
+    w.requires_grad(true);
+    b.requires_grad(true);
+    NDArray h = nd::tanh(x * w + b);
+    NDArray loss = (nd::sigmoid(h * 2.0 - 0.5) * (h + 1.0)).sum();
+    loss.backward();
+    return std::vector<std::vector<unsigned char>>{bytes_of(loss), bytes_of(x.grad()), bytes_of(w.grad()),
+                                                   bytes_of(b.grad())};
+  };
+  const auto fused = grads(true);
+  const auto unfused = grads(false);
+  for (std::size_t i = 0; i < fused.size(); ++i) {
+    CAPTURE(i);
+    CHECK(fused[i] == unfused[i]);
+  }
+}

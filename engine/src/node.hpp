@@ -82,6 +82,7 @@ struct Node {
   std::uint8_t epoch = 0;             // [imm] waitall epoch parity it is counted in
   bool async = false;                 // [imm] push_async: done when its Completion is called
   bool run_on_failed_input = false;   // [imm] PushOptions::run_on_failed_input
+  SmallVector<std::uint64_t, 2> write_sources;  // [imm] PushOptions::write_sources (empty: none)
   bool async_started = false;         // by its runner, before arriving: the function ran
   bool requested = false;             // [rec]
   bool in_unrequested = false;        // [rec]
@@ -113,6 +114,9 @@ struct Node {
   // Written by the thread that runs (or launches, or completes) the node
   // before its completion stores kDone (release); read after kDone is seen.
   ErrorPtr error;       // set when the node failed or was skipped
+  // With write_sources, when some writes failed through their inputs and
+  // the node ran: write j's error (null for those computed), else empty.
+  std::vector<ErrorPtr> write_errors;
   Node* grave_next = nullptr;       // EngineImpl::graveyard_
   bool failed = false;  // its function threw
   bool launch_failed = false;  // stream node: launch threw, nothing was enqueued

@@ -74,6 +74,7 @@ class NodePool {
     n->preds.shrink_if_large(64);
     n->name.clear();
     n->error.reset();
+    n->write_errors.clear();
     n->tag.store(0, std::memory_order_relaxed);
     n->waiters.store(0, std::memory_order_relaxed);
     n->state.store(NodeState::kRecorded, std::memory_order_relaxed);

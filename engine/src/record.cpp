@@ -204,6 +204,17 @@ void EngineImpl::push(Function fn, std::span<const Var> reads, std::span<const V
     rs.push_back(s);
     if (!ws.contains(s)) pure_reads.push_back(s);
   }
+  if (!options.write_sources.empty()) {
+    auto refuse = [&](const std::string& why) {
+      throw InvalidArgument("push '" + std::string(name) + "': write_sources " + why);
+    };
+    if (sdev != nullptr || async) refuse("are for CPU nodes that are not asynchronous");
+    if (options.write_sources.size() != writes.size()) refuse("need one mask per write");
+    if (reads.size() > 64) refuse("allow at most 64 reads");
+    if (rs.size() != reads.size() || ws.size() != writes.size() || pure_reads.size() != rs.size()) {
+      refuse("need distinct vars, no var both read and written");
+    }
+  }
   const bool profiling = profiler::detail::on();
   const std::uint64_t t0 = profiling ? profiler::detail::now_ns() : 0;
   Node* n = pool_.alloc();
@@ -219,6 +230,9 @@ void EngineImpl::push(Function fn, std::span<const Var> reads, std::span<const V
   n->async = async;
   n->async_started = false;
   n->run_on_failed_input = options.run_on_failed_input && sdev == nullptr;
+  n->write_sources.clear();
+  for (std::uint64_t m : options.write_sources) n->write_sources.push_back(m);
+  n->write_errors.clear();
   n->async_arrivals.store(0, std::memory_order_relaxed);
   // One for "not yet recorded" (dropped below, after the lock: the node
   // cannot become ready while its edges are still being added) and one for

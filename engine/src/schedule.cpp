@@ -19,6 +19,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <bit>
 #include <chrono>
 #include <climits>
 #include <ctime>
@@ -219,11 +220,21 @@ Node* EngineImpl::ready_successor(Node* s, Node* kept, Bypass bypass) {
 
 void EngineImpl::execute(Node* n, const RunContext& ctx) {
   ErrorPtr err;
-  for (VarState* v : n->reads) {
-    if (v->poison) {
-      err = v->poison;  // skipped: inherits the failure
-      break;
+  std::uint64_t failed_reads = 0;  // with write_sources: bit k, reads[k] failed
+  for (std::size_t k = 0; k < n->reads.size(); ++k) {
+    if (ErrorPtr p = n->reads[k]->poison) {
+      if (!err) err = p;  // skipped: inherits the failure
+      if (n->write_sources.empty()) break;
+      failed_reads |= std::uint64_t{1} << k;
     }
+  }
+  // With write_sources, each write computed from a failed read fails with
+  // that read's error; the node runs if any write is still computable.
+  const bool per_write = err && !n->write_sources.empty();
+  if (per_write) {
+    bool computable = false;
+    for (std::uint64_t m : n->write_sources) computable = computable || (m & failed_reads) == 0;
+    if (computable) err = nullptr;
   }
   bool failed = false;
   // Still "inside the op" while its captures are destroyed: a destructor
@@ -268,7 +279,17 @@ void EngineImpl::execute(Node* n, const RunContext& ctx) {
     tls_running_engine = outer;
     return;
   }
-  for (VarState* v : n->writes) v->poison = err;  // a successful write clears it
+  if (per_write && !failed) {
+    n->write_errors.assign(n->writes.size(), nullptr);
+    for (std::size_t j = 0; j < n->writes.size(); ++j) {
+      if (const std::uint64_t m = n->write_sources[j] & failed_reads; m != 0) {
+        n->write_errors[j] = n->reads[static_cast<std::size_t>(std::countr_zero(m))]->poison;
+      }
+      n->writes[j]->poison = n->write_errors[j];
+    }
+  } else {
+    for (VarState* v : n->writes) v->poison = err;  // a successful write clears it
+  }
   if (ctx.worker_index >= 0 || ctx.stream_device != nullptr) {
     bury(n);  // a worker or device thread: the frontend destroys the captures
   } else {

@@ -29,6 +29,18 @@ namespace {
 // How long a waiter with nothing to run spins (then yields) before parking.
 constexpr std::chrono::microseconds kWaitSpin{20};
 
+// The error a wait on var `v` written by done node `t` reports: v's own
+// when t computed several results from different inputs (write_sources),
+// else t's.
+ErrorPtr write_error(const Node* t, const VarState* v) {
+  if (!t->write_errors.empty()) {
+    for (std::size_t j = 0; j < t->writes.size(); ++j) {
+      if (t->writes[j] == v) return t->write_errors[j];
+    }
+  }
+  return t->error;
+}
+
 [[noreturn]] void throw_op_error(const ErrorRecord& e, std::size_t more) {
   std::string suffix =
       more == 0 ? std::string() : " (and " + std::to_string(more) + " more failed ops)";
@@ -404,8 +416,10 @@ void EngineImpl::wait_to_read(Var v, const CallSite& site) {
   BlockingScope scope(blocking_calls_, blocked_ns_, site);
   record_mu_.lock();
   Node* t = nullptr;
+  const VarState* vs = nullptr;
   try {
-    t = vars_.find(v, "wait_to_read")->last_writer;
+    vs = vars_.find(v, "wait_to_read");
+    t = vs->last_writer;
   } catch (...) {
     record_mu_.unlock();
     throw;
@@ -423,7 +437,7 @@ void EngineImpl::wait_to_read(Var v, const CallSite& site) {
   } drop{pool_, t};
   wait_node(t);
   drain_graveyard();
-  if (ErrorPtr e = t->error) {
+  if (ErrorPtr e = write_error(t, vs)) {
     e->reported.store(true, std::memory_order_relaxed);
     throw_op_error(*e, 0);
   }
@@ -434,9 +448,11 @@ void EngineImpl::wait_to_write(Var v, const CallSite& site) {
   BlockingScope scope(blocking_calls_, blocked_ns_, site);
   std::vector<Node*> targets;  // one ref each
   Node* writer = nullptr;
+  const VarState* vs = nullptr;
   {
     RecLock lk(record_mu_);
     VarState* s = vars_.find(v, "wait_to_write");
+    vs = s;
     writer = s->last_writer;
     if (writer != nullptr) targets.push_back(writer);
     for (Node* r : s->readers) {
@@ -457,7 +473,7 @@ void EngineImpl::wait_to_write(Var v, const CallSite& site) {
   }
   drain_graveyard();
   if (writer != nullptr) {
-    if (ErrorPtr e = writer->error) {
+    if (ErrorPtr e = write_error(writer, vs)) {
       e->reported.store(true, std::memory_order_relaxed);
       throw_op_error(*e, 0);
     }

@@ -97,7 +97,32 @@ void flush_locked(Group& g) {
   if (!g.open.load(std::memory_order_relaxed)) return;
   Program p;
   p.kept.resize(g.steps.size());
+  // The engine's reads: the external inputs' vars, each once.
+  std::vector<engine::Var> reads;
+  std::vector<const Storage*> seen;
+  std::vector<std::uint64_t> read_of(g.ext.size());  // external input -> its read's bit
+  for (std::size_t k = 0; k < g.ext.size(); ++k) {
+    const Storage* s = g.ext[k]->storage.get();
+    std::size_t r = 0;
+    while (r < seen.size() && seen[r] != s) ++r;
+    if (r == seen.size()) {
+      seen.push_back(s);
+      reads.push_back(s->var);
+    }
+    read_of[k] = std::uint64_t{1} << r;  // at most kMaxInputs reads
+  }
+  // Which reads each step's result is computed from: a failed input then
+  // fails only the results that depend on it, as the separate ops would.
+  std::vector<std::uint64_t> sources(g.steps.size(), 0);
+  for (std::size_t i = 0; i < g.steps.size(); ++i) {
+    const ops::FusedStep& st = g.steps[i];
+    for (int j = 0; j < st.num_in; ++j) {
+      const std::int32_t r = st.in[static_cast<std::size_t>(j)];
+      sources[i] |= r >= 0 ? sources[static_cast<std::size_t>(r)] : read_of[static_cast<std::size_t>(-1 - r)];
+    }
+  }
   std::vector<engine::Var> writes;
+  std::vector<std::uint64_t> write_sources;
   for (std::size_t i = 0; i < g.outs.size(); ++i) {
     // The group's reference and at least one more: a handle holds it.
     if (g.outs[i].use_count() > 1) {
@@ -105,26 +130,17 @@ void flush_locked(Group& g) {
       if (s.data == nullptr) s.allocate();  // throws bad_alloc: the group stays open
       p.kept[i] = g.outs[i];
       writes.push_back(s.var);
+      write_sources.push_back(sources[i]);
     }
   }
   if (!writes.empty()) {
-    std::vector<engine::Var> reads;
-    std::vector<const Storage*> seen;
-    for (const StatePtr& e : g.ext) {
-      const Storage* s = e->storage.get();
-      bool dup = false;
-      for (const Storage* t : seen) dup = dup || t == s;
-      if (!dup) {
-        seen.push_back(s);
-        reads.push_back(s->var);
-      }
-    }
     p.steps = g.steps;
     p.ext = g.ext;
     p.domain = g.domain;
     engine::PushOptions o;
     o.device = g.dev;
     o.name = g.name;
+    o.write_sources = write_sources;
     nd::engine().push(
         [p = std::move(p)](const engine::RunContext&) {
           std::vector<ops::TensorView> in;

@@ -256,3 +256,44 @@ TEST_CASE("gradients through fused ops are those of the unfused ops") {
     CHECK(fused[i] == unfused[i]);
   }
 }
+
+TEST_CASE("a failed input fails only the fused results computed from it") {
+  FusionScope on(true);
+  NDArray a = nd::array<std::int32_t>({1, 2, 3}, {3});
+  NDArray ok = nd::array<std::int32_t>({4, 5, 6}, {3});
+  NDArray zero = nd::zeros({3}, DType::kInt32);
+  NDArray bad = a / zero;       // fails when it runs (not fused)
+  NDArray good = ok * 2 + 1;    // one group with the two next lines
+  NDArray poisoned = bad + ok;  // from the failed input
+  NDArray mixed = good * 3;     // from good alone
+  CHECK(good.to_vector<std::int32_t>() == std::vector<std::int32_t>{9, 11, 13});
+  CHECK(mixed.to_vector<std::int32_t>() == std::vector<std::int32_t>{27, 33, 39});
+  try {
+    poisoned.wait_to_read();
+    FAIL("the failure did not reach the result computed from the failed input");
+  } catch (const OpError& e) {
+    CHECK(std::string(e.what()).find("div") != std::string::npos);
+  }
+  nd::waitall();
+}
+
+TEST_CASE("write_sources are checked at push") {
+  engine::Engine& eng = nd::engine();
+  engine::Var r = eng.new_var();
+  engine::Var w = eng.new_var();
+  const std::uint64_t one[] = {1};
+  const std::uint64_t two[] = {1, 1};
+  engine::PushOptions o;
+  o.write_sources = two;  // one mask per write
+  CHECK_THROWS_AS(eng.push([](const engine::RunContext&) {}, {r}, {w}, o), InvalidArgument);
+  o.write_sources = one;
+  CHECK_THROWS_AS(eng.push([](const engine::RunContext&) {}, {r, r}, {w}, o), InvalidArgument);  // r twice
+  CHECK_THROWS_AS(eng.push([](const engine::RunContext&) {}, {w}, {w}, o), InvalidArgument);     // read and written
+  o.device = sim(0);
+  CHECK_THROWS_AS(eng.push([](const engine::RunContext&) {}, {r}, {w}, o), InvalidArgument);     // a stream device
+  o.device = cpu();
+  eng.push([](const engine::RunContext&) {}, {r}, {w}, o);
+  eng.wait_to_read(w);
+  eng.delete_var(r);
+  eng.delete_var(w);
+}

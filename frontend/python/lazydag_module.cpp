@@ -502,6 +502,7 @@ PYBIND11_MODULE(lazydag, m) {
                           std::pair{"sqrt", &nd::sqrt}, std::pair{"tanh", &nd::tanh}, std::pair{"sigmoid", &nd::sigmoid},
                           std::pair{"relu", &nd::relu}, std::pair{"abs", &nd::abs}, std::pair{"negative", &nd::neg}}) {
     ndm.def(name, fn);
+    arr.def(name, fn);  // x.exp() as well as nd.exp(x)
   }
   using Binary = NDArray (*)(const NDArray&, const NDArray&);
   using WithScalar = NDArray (*)(const NDArray&, double);

@@ -706,6 +706,15 @@ NDArray NDArray::slice(int axis, std::int64_t start, std::int64_t stop) const {
   return r;
 }
 
+NDArray NDArray::abs() const { return unary_op(ops::UnaryOp::kAbs, *this); }
+NDArray NDArray::exp() const { return unary_op(ops::UnaryOp::kExp, *this); }
+NDArray NDArray::log() const { return unary_op(ops::UnaryOp::kLog, *this); }
+NDArray NDArray::log1p() const { return unary_op(ops::UnaryOp::kLog1p, *this); }
+NDArray NDArray::sqrt() const { return unary_op(ops::UnaryOp::kSqrt, *this); }
+NDArray NDArray::tanh() const { return unary_op(ops::UnaryOp::kTanh, *this); }
+NDArray NDArray::sigmoid() const { return unary_op(ops::UnaryOp::kSigmoid, *this); }
+NDArray NDArray::relu() const { return unary_op(ops::UnaryOp::kRelu, *this); }
+
 NDArray NDArray::sum() const { return reduce_op(ops::ReduceOp::kSum, *this, true, 0, false); }
 NDArray NDArray::sum(int axis, bool keepdims) const {
   return reduce_op(ops::ReduceOp::kSum, *this, false, axis, keepdims);

@@ -386,3 +386,20 @@ TEST_SUITE("ndarray") {
     CHECK(fine.to_vector<std::int32_t>() == std::vector<std::int32_t>{2, 3, 4});
   }
 }
+
+TEST_CASE("elementwise math methods are the free functions") {
+  NDArray x = random_array({5, 7}, DType::kFloat64, 21, 0.1, 3.0);
+  NDArray n = random_array({5, 7}, DType::kInt32, 22);
+  CHECK(values(n.abs()) == values(nd::abs(n)));
+  CHECK(values(x.abs()) == values(nd::abs(x)));
+  CHECK(values(x.exp()) == values(nd::exp(x)));
+  CHECK(values(x.log()) == values(nd::log(x)));
+  CHECK(values(x.log1p()) == values(nd::log1p(x)));
+  CHECK(values(x.sqrt()) == values(nd::sqrt(x)));
+  CHECK(values(x.tanh()) == values(nd::tanh(x)));
+  CHECK(values(x.sigmoid()) == values(nd::sigmoid(x)));
+  CHECK(values((x - 1.0).relu()) == values(nd::relu(x - 1.0)));
+  const auto a = values(n);
+  const auto got = values(n.abs());
+  for (std::size_t i = 0; i < a.size(); ++i) CHECK(got[i] == std::abs(a[i]));
+}

@@ -151,6 +151,16 @@ class NDArray {
   /// end); a view: writes through it are writes of this array.
   [[nodiscard]] NDArray slice(int axis, std::int64_t start, std::int64_t stop) const;
 
+  // ---- elementwise math as methods (the same as nd::abs(x), ...) ----
+  [[nodiscard]] NDArray abs() const;
+  [[nodiscard]] NDArray exp() const;
+  [[nodiscard]] NDArray log() const;
+  [[nodiscard]] NDArray log1p() const;
+  [[nodiscard]] NDArray sqrt() const;
+  [[nodiscard]] NDArray tanh() const;
+  [[nodiscard]] NDArray sigmoid() const;
+  [[nodiscard]] NDArray relu() const;
+
   // ---- reductions (new arrays) ----
   /// A bool array's sum counts its true elements (int64), as NumPy's.
   [[nodiscard]] NDArray sum() const;

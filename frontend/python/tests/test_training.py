@@ -175,3 +175,12 @@ def test_fusion_switch():
         np.testing.assert_allclose(y.asnumpy(), 1 / (1 + np.exp(-3.0)), rtol=1e-6)
     finally:
         ld.set_fusion(was)
+
+
+def test_math_methods_match_numpy():
+    x = np.random.default_rng(6).uniform(0.1, 3.0, size=(4, 5))
+    a = nd.array(x)
+    np.testing.assert_allclose(a.exp().asnumpy(), np.exp(x), rtol=1e-12)
+    np.testing.assert_allclose(a.log1p().asnumpy(), np.log1p(x), rtol=1e-12)
+    np.testing.assert_allclose((a - 1.0).abs().asnumpy(), np.abs(x - 1.0), rtol=1e-12)
+    np.testing.assert_allclose((a - 1.0).relu().asnumpy(), np.maximum(x - 1.0, 0), rtol=1e-12)

@@ -56,13 +56,11 @@ void fused(std::span<const FusedStep> steps, std::span<const TensorView> inputs,
   // Flat when every input is the domain's own contiguous layout or a single
   // element: the domain is then one run of n elements. Otherwise tiles are
   // ranges of rows (the first dim) and inputs keep their broadcast strides.
-  bool flat = domain.size() <= 1;
-  if (!flat) {
-    flat = true;
-    for (const TensorView& v : inputs) {
-      if (numel(v.shape) != 1 && (v.shape != domain || !is_contiguous(v))) flat = false;
-    }
+  bool flat = true;
+  for (const TensorView& v : inputs) {
+    if (numel(v.shape) != 1 && (v.shape != domain || !is_contiguous(v))) flat = false;
   }
+  flat = flat || domain.empty();  // a rank-0 domain: every input has one element
   const std::int64_t rows_total = flat ? n : domain[0];
   const std::int64_t inner = flat ? 1 : n / domain[0];
   const std::int64_t rows_per_tile = std::max<std::int64_t>(1, kTile / inner);

@@ -297,3 +297,22 @@ TEST_CASE("write_sources are checked at push") {
   eng.delete_var(r);
   eng.delete_var(w);
 }
+
+TEST_CASE("a column of a transposed array, squeezed to one dimension") {
+  auto run = [](bool fused) {
+    FusionScope scope(fused);
+    NDArray x = random_array({300, 7}, DType::kFloat32, 31);
+    NDArray column = nd::squeeze(x.transpose().slice(0, 2, 3), 0);  // shape {300}
+    NDArray w = random_array({300}, DType::kFloat32, 32);
+    return bytes_of(nd::tanh(column * 2.0 + w) - column);
+  };
+  const auto fused = run(true);
+  const auto unfused = run(false);
+  CHECK(fused == unfused);
+  // and against a reference built from host values
+  NDArray x = random_array({300, 7}, DType::kFloat32, 31);
+  NDArray column = nd::squeeze(x.transpose().slice(0, 2, 3), 0);
+  const auto xv = x.to_vector<float>();
+  const auto cv = column.to_vector<float>();
+  for (std::size_t i = 0; i < cv.size(); ++i) CHECK(cv[i] == xv[i * 7 + 2]);
+}

@@ -41,6 +41,12 @@ def main(n):
     print(f"engine={lazydag.engine_policy()} threads={lazydag.num_threads()} n={n}")
 
     # 1. Frontend and backend: wait after each op, or once at the end.
+    # Fusion off here: each x + 1 is an op of its own, as in the textbook
+    # (fused, the asynchronous loop's results, which nobody keeps, would
+    # never be computed at all).
+    fusion = lazydag.fusion_enabled()
+    lazydag.set_fusion(False)
+
     def synchronous():
         for _ in range(n):
             y = x + 1
@@ -52,6 +58,7 @@ def main(n):
         lazydag.waitall()
 
     sync, asyn = pair("sync", synchronous, "async", asynchronous)
+    lazydag.set_fusion(fusion)
     print(f"lesson=async ratio_sync_over_async={sync / asyn:.2f} textbook_ratio={3.16 / 0.93:.2f}")
 
     # 2. Implicit blockers: reading a value to the host every step.

@@ -208,7 +208,7 @@ void EngineImpl::push(Function fn, std::span<const Var> reads, std::span<const V
     auto refuse = [&](const std::string& why) {
       throw InvalidArgument("push '" + std::string(name) + "': write_sources " + why);
     };
-    if (sdev != nullptr || async) refuse("are for CPU nodes that are not asynchronous");
+    if (async) refuse("are for nodes that are not asynchronous");
     if (options.write_sources.size() != writes.size()) refuse("need one mask per write");
     if (reads.size() > 64) refuse("allow at most 64 reads");
     if (rs.size() != reads.size() || ws.size() != writes.size() || pure_reads.size() != rs.size()) {

@@ -1,7 +1,7 @@
 // Lazy fusion of elementwise ops.
 //
 // Each thread has one open group: consecutive elementwise ops on one CPU
-// device whose results share one shape. An op joins the group instead of
+// or sim device whose results share one shape. An op joins the group instead of
 // being recorded; its result is an array whose storage has a var but no
 // buffer, and every storage the group reads or writes points at the group.
 // The group is recorded into the engine as one node (ops::cpu::fused) when
@@ -123,11 +123,15 @@ void flush_locked(Group& g) {
   }
   std::vector<engine::Var> writes;
   std::vector<std::uint64_t> write_sources;
+  std::size_t bytes = 0;
   for (std::size_t i = 0; i < g.outs.size(); ++i) {
     // The group's reference and at least one more: a handle holds it.
     if (g.outs[i].use_count() > 1) {
       Storage& s = *g.outs[i]->storage;
-      if (s.data == nullptr) s.allocate();  // throws bad_alloc: the group stays open
+      // Host memory now (bad_alloc leaves the group open); a stream device's
+      // buffer is allocated by the node, on its stream.
+      if (!g.dev.is_stream_device() && s.data == nullptr) s.allocate();
+      bytes += s.bytes;
       p.kept[i] = g.outs[i];
       writes.push_back(s.var);
       write_sources.push_back(sources[i]);
@@ -141,8 +145,12 @@ void flush_locked(Group& g) {
     o.device = g.dev;
     o.name = g.name;
     o.write_sources = write_sources;
+    if (g.dev.is_stream_device()) o.bytes = bytes;
     nd::engine().push(
-        [p = std::move(p)](const engine::RunContext&) {
+        [p = std::move(p)](const engine::RunContext& ctx) {
+          for (const StatePtr& k : p.kept) {
+            if (k) k->storage->ensure(ctx);  // a stream device's result: its buffer, in stream order
+          }
           std::vector<ops::TensorView> in;
           in.reserve(p.ext.size());
           for (const StatePtr& e : p.ext) in.push_back(view_of(*e));
@@ -215,7 +223,9 @@ bool active(Device dev) {
     int expected = -1;
     if (!g_enabled.compare_exchange_strong(expected, on, std::memory_order_relaxed)) on = expected;
   }
-  return on != 0 && dev.kind == DeviceKind::kCpu && nd::engine().policy() != engine::Policy::kNaive;
+  // The CPU and the emulated stream device (whose kernels are the CPU's);
+  // a GPU records each op as a kernel of its own.
+  return on != 0 && dev.kind != DeviceKind::kGpu && nd::engine().policy() != engine::Policy::kNaive;
 }
 
 void settle(const ArrayState& s) {

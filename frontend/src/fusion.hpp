@@ -1,6 +1,6 @@
 // Lazy fusion of elementwise ops (docs/architecture.md, "Fusion"): each
-// thread keeps one open group of consecutive elementwise ops on a CPU
-// device over one shape, recorded into the engine as one node when
+// thread keeps one open group of consecutive elementwise ops on a CPU or
+// sim device over one shape, recorded into the engine as one node when
 // something needs it. Results that no handle holds by then are never
 // allocated or stored.
 #pragma once
@@ -14,7 +14,7 @@
 namespace lazydag::detail::fusion {
 
 /// Whether an elementwise op on `dev` recorded now would be fused: fusion
-/// on (nd::set_fusion, LAZYDAG_FUSION), a CPU device, and an engine policy
+/// on (nd::set_fusion, LAZYDAG_FUSION), a CPU or sim device, and an engine policy
 /// other than naive (which runs each op as it is recorded).
 [[nodiscard]] bool active(Device dev);
 

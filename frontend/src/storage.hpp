@@ -61,7 +61,10 @@ struct Storage {
     g_bytes.fetch_add(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
   }
   ~Storage() {
-    if (device.is_stream_device()) {
+    // A stream-device buffer no op ever wrote (a fused result nobody kept)
+    // was never allocated: nothing to free. The last reference is dropped
+    // after every op that held one has run, so `data` is final here.
+    if (device.is_stream_device() && data != nullptr) {
       void* p = data;
       const std::size_t n = bytes;
       try {
@@ -74,7 +77,7 @@ struct Storage {
         std::cerr << "lazydag: could not record the free of a " << device.str() << " buffer: " << e.what()
                   << '\n';
       }
-    } else if (data != nullptr) {
+    } else if (!device.is_stream_device() && data != nullptr) {
       HostPool::get().release(data, bytes);
       g_bytes.fetch_sub(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
     }

@@ -345,7 +345,7 @@ template <class T>
 /// fused elementwise ops still being gathered included.
 void waitall(std::source_location where = std::source_location::current());
 /// Lazy fusion of elementwise ops (docs/architecture.md, "Fusion"):
-/// consecutive elementwise ops on a CPU device over one shape are recorded
+/// consecutive elementwise ops on a CPU or sim device over one shape are recorded
 /// as one node that makes one pass over memory, and results no handle
 /// holds are never stored. The results are bit for bit those of the
 /// separate ops. On by default; LAZYDAG_FUSION=0 turns it off for the

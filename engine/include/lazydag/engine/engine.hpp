@@ -97,14 +97,14 @@ struct PushOptions {
   /// why) instead of being skipped. For work other processes take part in,
   /// such as a collective, which must be issued on every rank.
   bool run_on_failed_input = false;
-  /// CPU nodes that compute several results from different inputs (a fused
+  /// Nodes that compute several results from different inputs (a fused
   /// group of elementwise ops): for each write, in order, the reads it is
   /// computed from (bit k: reads[k]). A failed read then fails only the
   /// writes computed from it, each with that read's error, as separate ops
   /// would; the node still runs while any write is computable. Empty: a
   /// failed read fails every write (the node is skipped). When given: one
   /// mask per write, at most 64 reads, no var twice, reads and writes
-  /// disjoint; InvalidArgument otherwise.
+  /// disjoint, not push_async; InvalidArgument otherwise.
   std::span<const std::uint64_t> write_sources{};
 };
 

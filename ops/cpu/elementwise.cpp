@@ -7,6 +7,7 @@
 
 #include "../src/element.hpp"
 #include "iterate.hpp"
+#include "runs.hpp"
 #include "vmath.hpp"
 
 namespace lazydag::ops::cpu {
@@ -192,49 +193,59 @@ void zip(const TensorView& a, const TensorView& b, const TensorView& out, F f) {
       });
 }
 
-}  // namespace
+// One run of the vector math: y[i*sy] = op(x[i*sx]).
+template <class T>
+void vector_unary_row(UnaryOp op, const T* x, std::int64_t sx, T* y, std::int64_t sy, std::int64_t n) {
+  const vmath::Fn fn = op == UnaryOp::kLog ? vmath::Fn::kLog
+                       : op == UnaryOp::kTanh ? vmath::Fn::kTanh
+                                              : vmath::Fn::kExp;
+  const bool sigmoid = op == UnaryOp::kSigmoid;
+  auto dense = [&](const T* xs, T* ys, std::int64_t m) {
+    if (!sigmoid) {
+      vmath::apply(fn, xs, ys, m);
+      return;
+    }
+    for (std::int64_t i = 0; i < m; ++i) ys[i] = -xs[i];
+    vmath::apply(vmath::Fn::kExp, ys, ys, m);
+    for (std::int64_t i = 0; i < m; ++i) ys[i] = T(1) / (T(1) + ys[i]);
+  };
+  if (sx == 1 && sy == 1) {
+    dense(x, y, n);
+    return;
+  }
+  constexpr std::int64_t kBlock = 256;
+  T buf[kBlock];
+  for (std::int64_t i0 = 0; i0 < n; i0 += kBlock) {
+    const std::int64_t m = std::min(kBlock, n - i0);
+    for (std::int64_t k = 0; k < m; ++k) buf[k] = x[(i0 + k) * sx];
+    dense(buf, buf, m);
+    for (std::int64_t k = 0; k < m; ++k) y[(i0 + k) * sy] = buf[k];
+  }
+}
 
 // exp, log, tanh and sigmoid of float32/float64 through SLEEF's vector
 // routines: unit-step runs directly, strided runs through a stack block.
 // sigmoid keeps its definition, 1 / (1 + exp(-x)), with the vector exp.
 template <class T>
 void vector_unary(UnaryOp op, const TensorView& a, const TensorView& out) {
-  const vmath::Fn fn = op == UnaryOp::kLog ? vmath::Fn::kLog
-                       : op == UnaryOp::kTanh ? vmath::Fn::kTanh
-                                              : vmath::Fn::kExp;
-  const bool sigmoid = op == UnaryOp::kSigmoid;
-  auto dense = [&](const T* x, T* y, std::int64_t n) {
-    if (!sigmoid) {
-      vmath::apply(fn, x, y, n);
-      return;
-    }
-    for (std::int64_t i = 0; i < n; ++i) y[i] = -x[i];
-    vmath::apply(vmath::Fn::kExp, y, y, n);
-    for (std::int64_t i = 0; i < n; ++i) y[i] = T(1) / (T(1) + y[i]);
-  };
   const T* x = typed<T>(a);
   T* y = typed<T>(out);
   detail::for_each_row<2>(out.shape, {broadcast_strides(a, out.shape), out.strides}, {a.offset, out.offset},
                           [&](const Off2& o, const Off2& st, std::int64_t n) {
-                            if (st[0] == 1 && st[1] == 1) {
-                              dense(x + o[0], y + o[1], n);
-                              return;
-                            }
-                            constexpr std::int64_t kBlock = 256;
-                            T buf[kBlock];
-                            for (std::int64_t i0 = 0; i0 < n; i0 += kBlock) {
-                              const std::int64_t m = std::min(kBlock, n - i0);
-                              for (std::int64_t k = 0; k < m; ++k) buf[k] = x[o[0] + (i0 + k) * st[0]];
-                              dense(buf, buf, m);
-                              for (std::int64_t k = 0; k < m; ++k) y[o[1] + (i0 + k) * st[1]] = buf[k];
-                            }
+                            vector_unary_row<T>(op, x + o[0], st[0], y + o[1], st[1], n);
                           });
 }
+
+bool is_vector_op(UnaryOp op) {
+  return op == UnaryOp::kExp || op == UnaryOp::kLog || op == UnaryOp::kTanh || op == UnaryOp::kSigmoid;
+}
+
+}  // namespace
 
 void unary(UnaryOp op, const TensorView& a, const TensorView& out) {
   dispatch(out.dtype, [&]<class T>() {
     if constexpr (std::is_floating_point_v<T>) {
-      if (op == UnaryOp::kExp || op == UnaryOp::kLog || op == UnaryOp::kTanh || op == UnaryOp::kSigmoid) {
+      if (is_vector_op(op)) {
         vector_unary<T>(op, a, out);
         return;
       }
@@ -359,5 +370,95 @@ void random_normal(const TensorView& out, std::uint64_t seed, double mean, doubl
     });
   });
 }
+
+// The flat runs of runs.hpp: the kernels' own row functions on one run.
+namespace detail {
+
+void unary_run(UnaryOp op, DType t, const void* x, std::int64_t sx, void* y, std::int64_t n) {
+  dispatch(t, [&]<class T>() {
+    const T* xs = static_cast<const T*>(x);
+    T* ys = static_cast<T*>(y);
+    if constexpr (std::is_floating_point_v<T>) {
+      if (is_vector_op(op)) {
+        vector_unary_row<T>(op, xs, sx, ys, 1, n);
+        return;
+      }
+    }
+    with_op(op, [&](auto c) { map_row(xs, sx, ys, 1, n, [](T v) { return apply_unary<T>(decltype(c)::value, v); }); });
+  });
+}
+
+void binary_run(BinaryOp op, DType t, const void* x, std::int64_t sx, const void* z, std::int64_t sz, void* y,
+                std::int64_t n) {
+  dispatch(t, [&]<class T>() {
+    with_op(op, [&](auto c) {
+      zip_row(static_cast<const T*>(x), sx, static_cast<const T*>(z), sz, static_cast<T*>(y), 1, n,
+              [](T u, T v) { return apply_binary<T>(decltype(c)::value, u, v); });
+    });
+  });
+}
+
+void scalar_run(BinaryOp op, DType t, const void* x, std::int64_t sx, double scalar, bool scalar_first, void* y,
+                std::int64_t n) {
+  dispatch(t, [&]<class T>() {
+    const T s = from_double<T>(scalar);
+    const T* xs = static_cast<const T*>(x);
+    T* ys = static_cast<T*>(y);
+    with_op(op, [&](auto c) {
+      constexpr BinaryOp o = decltype(c)::value;
+      if (scalar_first) {
+        map_row(xs, sx, ys, 1, n, [s](T v) { return apply_binary<T>(o, s, v); });
+      } else {
+        map_row(xs, sx, ys, 1, n, [s](T v) { return apply_binary<T>(o, v, s); });
+      }
+    });
+  });
+}
+
+void compare_run(CompareOp op, DType t, const void* x, std::int64_t sx, const void* z, std::int64_t sz, void* y,
+                 std::int64_t n) {
+  dispatch(t, [&]<class T>() {
+    with_op(op, [&](auto c) {
+      zip_row(static_cast<const T*>(x), sx, static_cast<const T*>(z), sz, static_cast<bool*>(y), 1, n,
+              [](T u, T v) { return apply_compare<T>(decltype(c)::value, u, v); });
+    });
+  });
+}
+
+void compare_scalar_run(CompareOp op, DType t, const void* x, std::int64_t sx, double scalar, void* y,
+                        std::int64_t n) {
+  dispatch(t, [&]<class T>() {
+    with_op(op, [&](auto c) {
+      map_row(static_cast<const T*>(x), sx, static_cast<bool*>(y), 1, n, [scalar](T v) {
+        return apply_compare<double>(decltype(c)::value, static_cast<double>(v), scalar);
+      });
+    });
+  });
+}
+
+void where_run(DType t, const void* c, std::int64_t sc, const void* x, std::int64_t sx, const void* z,
+               std::int64_t sz, void* y, std::int64_t n) {
+  dispatch(t, [&]<class T>() {
+    const bool* cc = static_cast<const bool*>(c);
+    const T* xx = static_cast<const T*>(x);
+    const T* zz = static_cast<const T*>(z);
+    T* yy = static_cast<T*>(y);
+    if (sc == 1 && sx == 1 && sz == 1) {
+      for (std::int64_t i = 0; i < n; ++i) yy[i] = cc[i] ? xx[i] : zz[i];
+    } else {
+      for (std::int64_t i = 0; i < n; ++i) yy[i] = cc[i * sc] ? xx[i * sx] : zz[i * sz];
+    }
+  });
+}
+
+void cast_run(DType from, DType to, const void* x, std::int64_t sx, void* y, std::int64_t n) {
+  dispatch(from, [&]<class S>() {
+    dispatch(to, [&]<class D>() {
+      map_row(static_cast<const S*>(x), sx, static_cast<D*>(y), 1, n, [](S v) { return convert_value<D>(v); });
+    });
+  });
+}
+
+}  // namespace detail
 
 }  // namespace lazydag::ops::cpu

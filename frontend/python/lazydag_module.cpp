@@ -303,6 +303,100 @@ std::string repr(const NDArray& a) {
   return os.str();
 }
 
+// Operators test their right operand's type by hand, one binding each:
+// pybind11's overload resolution tries every overload in two passes, and
+// for a Python number it first looks up a foreign-module attribute on it
+// (an AttributeError formatted and dropped), which cost about as much as
+// recording the op itself. A Python float or int takes the fast path; other
+// numbers (NumPy scalars) go through float(); anything else is
+// NotImplemented, so Python tries the reflected operator.
+enum class Operand : std::uint8_t { kArray, kNumber, kOther };
+
+Operand classify(py::handle b, double& number) {
+  PyObject* o = b.ptr();
+  if (PyFloat_Check(o) || PyLong_Check(o)) {
+    number = PyFloat_AsDouble(o);
+    if (number == -1.0 && PyErr_Occurred()) throw py::error_already_set();  // an int too large
+    return Operand::kNumber;
+  }
+  if (py::isinstance<NDArray>(b)) return Operand::kArray;
+  if (PyNumber_Check(o) != 0 && !PyObject_CheckBuffer(o)) {
+    number = PyFloat_AsDouble(o);
+    if (!(number == -1.0 && PyErr_Occurred())) return Operand::kNumber;
+    PyErr_Clear();
+  }
+  return Operand::kOther;
+}
+
+py::object not_implemented() { return py::reinterpret_borrow<py::object>(Py_NotImplemented); }
+
+// a OP b for an array or a number b.
+template <class ArrayOp, class NumberOp>
+py::object binary_operator(const NDArray& a, py::handle b, ArrayOp with_array, NumberOp with_number) {
+  double number = 0;
+  switch (classify(b, number)) {
+    case Operand::kArray: return py::cast(with_array(a, b.cast<const NDArray&>()));
+    case Operand::kNumber: return py::cast(with_number(a, number));
+    case Operand::kOther: break;
+  }
+  return not_implemented();
+}
+
+// b OP a for a number b (the reflected operators).
+template <class NumberOp>
+py::object reflected_operator(const NDArray& a, py::handle b, NumberOp with_number) {
+  double number = 0;
+  if (classify(b, number) != Operand::kNumber) return not_implemented();
+  return py::cast(with_number(number, a));
+}
+
+// a OP= b: the write is recorded on a's buffer and `self` is returned.
+template <class ArrayOp, class NumberOp>
+py::object inplace_operator(const py::object& self, py::handle b, ArrayOp with_array, NumberOp with_number) {
+  NDArray& a = self.cast<NDArray&>();
+  double number = 0;
+  switch (classify(b, number)) {
+    case Operand::kArray: with_array(a, b.cast<const NDArray&>()); return self;
+    case Operand::kNumber: with_number(a, number); return self;
+    case Operand::kOther: break;
+  }
+  return not_implemented();
+}
+
+template <class Class>
+void def_operators(Class& arr) {
+#define LAZYDAG_BINARY(name, op)                                                                    \
+  arr.def(name, [](const NDArray& a, py::handle b) {                                                \
+    return binary_operator(a, b, [](const NDArray& x, const NDArray& y) { return x op y; },          \
+                           [](const NDArray& x, double y) { return x op y; });                      \
+  }, py::is_operator())
+#define LAZYDAG_REFLECTED(name, op)                                                                 \
+  arr.def(name, [](const NDArray& a, py::handle b) {                                                \
+    return reflected_operator(a, b, [](double x, const NDArray& y) { return x op y; });             \
+  }, py::is_operator())
+#define LAZYDAG_INPLACE(name, op)                                                                   \
+  arr.def(name, [](const py::object& self, py::handle b) {                                          \
+    return inplace_operator(self, b, [](NDArray& x, const NDArray& y) { x op y; },                  \
+                            [](NDArray& x, double y) { x op y; });                                  \
+  }, py::is_operator())
+  LAZYDAG_BINARY("__add__", +); LAZYDAG_BINARY("__sub__", -);
+  LAZYDAG_BINARY("__mul__", *); LAZYDAG_BINARY("__truediv__", /);
+  LAZYDAG_REFLECTED("__radd__", +); LAZYDAG_REFLECTED("__rsub__", -);
+  LAZYDAG_REFLECTED("__rmul__", *); LAZYDAG_REFLECTED("__rtruediv__", /);
+  LAZYDAG_INPLACE("__iadd__", +=); LAZYDAG_INPLACE("__isub__", -=);
+  LAZYDAG_INPLACE("__imul__", *=); LAZYDAG_INPLACE("__itruediv__", /=);
+  LAZYDAG_BINARY("__lt__", <); LAZYDAG_BINARY("__le__", <=);
+  LAZYDAG_BINARY("__gt__", >); LAZYDAG_BINARY("__ge__", >=);
+  LAZYDAG_BINARY("__eq__", ==); LAZYDAG_BINARY("__ne__", !=);
+#undef LAZYDAG_BINARY
+#undef LAZYDAG_REFLECTED
+#undef LAZYDAG_INPLACE
+  arr.def("__pow__", [](const NDArray& a, py::handle b) {
+    return binary_operator(a, b, [](const NDArray& x, const NDArray& y) { return nd::pow(x, y); },
+                           [](const NDArray& x, double y) { return nd::pow(x, y); });
+  }, py::is_operator());
+}
+
 }  // namespace
 
 PYBIND11_MODULE(lazydag, m) {
@@ -437,21 +531,9 @@ PYBIND11_MODULE(lazydag, m) {
       }, py::arg("axis") = py::none(), py::arg("keepdims") = false)
       .def("assign", [](NDArray& a, const NDArray& b) { return a.assign(b); })
       // operators: arrays and Python numbers (a number takes the array's dtype)
-      .def(py::self + py::self).def(py::self - py::self).def(py::self * py::self).def(py::self / py::self)
-      .def(py::self + double()).def(py::self - double()).def(py::self * double()).def(py::self / double())
-      .def(double() + py::self).def(double() - py::self).def(double() * py::self).def(double() / py::self)
       .def(-py::self)
-      .def(py::self += py::self).def(py::self -= py::self).def(py::self *= py::self).def(py::self /= py::self)
-      .def(py::self += double()).def(py::self -= double()).def(py::self *= double()).def(py::self /= double())
-      .def(py::self < py::self).def(py::self <= py::self).def(py::self > py::self).def(py::self >= py::self)
-      .def(py::self < double()).def(py::self <= double()).def(py::self > double()).def(py::self >= double())
-      .def("__eq__", [](const NDArray& a, const NDArray& b) { return a == b; }, py::is_operator())
-      .def("__ne__", [](const NDArray& a, const NDArray& b) { return a != b; }, py::is_operator())
-      .def("__eq__", [](const NDArray& a, double b) { return a == b; }, py::is_operator())
-      .def("__ne__", [](const NDArray& a, double b) { return a != b; }, py::is_operator())
-      .def("__matmul__", [](const NDArray& a, const NDArray& b) { return nd::matmul(a, b); }, py::is_operator())
-      .def("__pow__", [](const NDArray& a, double e) { return nd::pow(a, e); }, py::is_operator())
-      .def("__pow__", [](const NDArray& a, const NDArray& e) { return nd::pow(a, e); }, py::is_operator());
+      .def("__matmul__", [](const NDArray& a, const NDArray& b) { return nd::matmul(a, b); }, py::is_operator());
+  def_operators(arr);
   // autograd
   arr.def("attach_grad", [](NDArray& a) { a.attach_grad(); })
       .def("requires_grad_", [](NDArray& a, bool on) { a.requires_grad(on); return a; }, py::arg("requires_grad") = true)

@@ -320,7 +320,7 @@ Operand classify(py::handle b, double& number) {
     return Operand::kNumber;
   }
   if (py::isinstance<NDArray>(b)) return Operand::kArray;
-  if (PyNumber_Check(o) != 0 && !PyObject_CheckBuffer(o)) {
+  if (PyNumber_Check(o) != 0 && PySequence_Check(o) == 0) {  // not a NumPy array
     number = PyFloat_AsDouble(o);
     if (!(number == -1.0 && PyErr_Occurred())) return Operand::kNumber;
     PyErr_Clear();

@@ -54,6 +54,46 @@ def test_scalars_take_the_array_dtype():
         i / 0.4
 
 
+def test_operators_take_numbers_arrays_and_nothing_else():
+    x = rand((3, 4))
+    a = nd.array(x)
+    f32 = np.float32
+    # Python and NumPy numbers, on either side, in place too
+    np.testing.assert_array_equal((a + 2).asnumpy(), x + f32(2))
+    np.testing.assert_array_equal((a * np.float64(0.5)).asnumpy(), x * f32(0.5))
+    np.testing.assert_array_equal((a - np.int64(3)).asnumpy(), x - f32(3))
+    np.testing.assert_array_equal((True + a).asnumpy(), x + f32(1))
+    np.testing.assert_array_equal((2 - a).asnumpy(), f32(2) - x)
+    np.testing.assert_array_equal((3 / a).asnumpy(), f32(3) / x)
+    np.testing.assert_array_equal((a ** 2).asnumpy(), x ** 2)
+    np.testing.assert_array_equal((a >= 0).asnumpy(), x >= 0)
+    np.testing.assert_array_equal((a == a).asnumpy(), np.ones((3, 4), bool))
+    np.testing.assert_array_equal((a != 1.5).asnumpy(), x != f32(1.5))
+    b = a.copy()
+    same = b
+    b += 1
+    b *= a
+    b -= np.float32(0.25)
+    b /= 2
+    assert b is same  # in place: the same Python object
+    np.testing.assert_allclose(b.asnumpy(), ((x + 1) * x - f32(0.25)) / 2, rtol=1e-6)
+    # anything else is refused by both sides: a TypeError, nothing recorded
+    lazydag.waitall()
+    before = lazydag.engine_stats()["nodes_recorded"]
+    for other in ("1", None, [1.0], object()):
+        with pytest.raises(TypeError):
+            a + other
+        with pytest.raises(TypeError):
+            other * a
+        with pytest.raises(TypeError):
+            a < other
+    assert (a == None) is False  # noqa: E711 (falls back to identity)
+    lazydag.flush_fused()
+    assert lazydag.engine_stats()["nodes_recorded"] == before
+    with pytest.raises(OverflowError):
+        a + 10 ** 400
+
+
 @pytest.mark.parametrize("name", ["exp", "log", "log1p", "tanh", "sigmoid", "sqrt", "relu", "abs"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_unary_math_matches_numpy(name, dtype):

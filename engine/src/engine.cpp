@@ -8,6 +8,7 @@
 #include <oneapi/tbb/task_arena.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <charconv>
 #include <cstdlib>
@@ -67,6 +68,20 @@ std::size_t env_size(const char* name, std::size_t fallback, std::size_t max) {
 
 }  // namespace
 
+namespace {
+std::atomic<void (*)()> g_stall_enter{nullptr};
+std::atomic<void (*)()> g_stall_leave{nullptr};
+}  // namespace
+
+void set_stall_hooks(StallHooks hooks) noexcept {
+  g_stall_enter.store(hooks.enter, std::memory_order_release);
+  g_stall_leave.store(hooks.leave, std::memory_order_release);
+}
+
+StallHooks detail::stall_hooks() noexcept {
+  return {g_stall_enter.load(std::memory_order_acquire), g_stall_leave.load(std::memory_order_acquire)};
+}
+
 EngineOptions EngineOptions::from_env() {
   EngineOptions o;
   if (const char* p = std::getenv("LAZYDAG_ENGINE"); p != nullptr && *p != '\0') {
@@ -83,6 +98,8 @@ EngineOptions EngineOptions::from_env() {
   }
   o.max_pending = env_size("LAZYDAG_MAX_PENDING", o.max_pending, kMaxCount);
   o.max_in_flight = env_size("LAZYDAG_MAX_IN_FLIGHT", o.max_in_flight, kMaxCount);
+  o.inline_bytes = env_size("LAZYDAG_INLINE_BYTES", o.inline_bytes, kMaxCount);
+  o.max_pending_bytes = env_size("LAZYDAG_MAX_PENDING_BYTES", o.max_pending_bytes, std::size_t{1} << 50);
   if (o.max_in_flight == 0) throw InvalidArgument("LAZYDAG_MAX_IN_FLIGHT must be >= 1");
   return o;
 }
@@ -253,6 +270,7 @@ void Engine::waitall(const CallSite& site) { impl_->waitall(site); }
 Policy Engine::policy() const noexcept { return impl_->options_.policy; }
 int Engine::num_threads() const noexcept { return impl_->num_threads_; }
 std::size_t Engine::max_pending() const noexcept { return impl_->options_.max_pending; }
+std::size_t Engine::inline_bytes() const noexcept { return impl_->options_.inline_bytes; }
 EngineStats Engine::stats() const { return impl_->stats(); }
 std::vector<PendingNode> Engine::pending_nodes() const { return impl_->pending_nodes(); }
 StreamDevice& Engine::stream_device(Device d) { return impl_->stream_device(d); }

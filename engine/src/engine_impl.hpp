@@ -30,6 +30,7 @@
 namespace lazydag::engine::detail {
 
 int default_compute_streams();
+StallHooks stall_hooks() noexcept;  // set_stall_hooks's
 unsigned sim_delay_us();
 
 // Scheduler state of one stream device.
@@ -114,6 +115,7 @@ class EngineImpl {
 
   // ---- schedule.cpp: no lock held
   void make_ready(Node* n);
+  void run_inline(Node* n);
   bool claim(Node* n);
   Node* pop_queue();
   Node* pop_help(Waiter& w);
@@ -169,6 +171,14 @@ class EngineImpl {
   // that count: the first waitall may wait for them too, never too little.)
   std::uint64_t waitall_epoch_ = 0;  // recorder lock
   std::array<std::atomic<std::int64_t>, 2> unfinished_by_epoch_{};
+  // The cost_bytes of unfinished nodes (eager's byte window).
+  std::atomic<std::size_t> unfinished_bytes_{0};
+  // Past `factor` times the window (count or bytes): a frontend stalls.
+  [[nodiscard]] bool over_window(std::size_t factor) const noexcept {
+    return (options_.max_pending != 0 && unfinished() > factor * options_.max_pending) ||
+           (options_.policy == Policy::kEager && options_.max_pending_bytes != 0 &&
+            unfinished_bytes_.load(std::memory_order_seq_cst) > factor * options_.max_pending_bytes);
+  }
   [[nodiscard]] std::size_t unfinished() const noexcept {
     return static_cast<std::size_t>(unfinished_by_epoch_[0].load(std::memory_order_seq_cst) +
                                     unfinished_by_epoch_[1].load(std::memory_order_seq_cst));

@@ -79,6 +79,7 @@ struct Node {
   StreamDevice* sdev = nullptr;       // [imm] null: runs on a CPU worker
   int stream = -1;                    // [imm]
   std::size_t bytes = 0;              // [imm] PushOptions::bytes
+  std::size_t cost_bytes = 0;         // [imm] PushOptions::cost_bytes (CPU nodes; 0 on stream devices)
   std::uint8_t epoch = 0;             // [imm] waitall epoch parity it is counted in
   bool async = false;                 // [imm] push_async: done when its Completion is called
   bool run_on_failed_input = false;   // [imm] PushOptions::run_on_failed_input

@@ -97,6 +97,7 @@ void EngineImpl::record(Node* n) {
   n->live = true;
   n->epoch = static_cast<std::uint8_t>(waitall_epoch_ & 1);
   unfinished_by_epoch_[n->epoch].fetch_add(1, std::memory_order_relaxed);
+  if (n->cost_bytes != 0) unfinished_bytes_.fetch_add(n->cost_bytes, std::memory_order_relaxed);
   const std::size_t live = unfinished();
   if (live > peak_unfinished_.load(std::memory_order_relaxed)) {
     peak_unfinished_.store(live, std::memory_order_relaxed);  // recorders are serialised
@@ -225,6 +226,7 @@ void EngineImpl::push(Function fn, std::span<const Var> reads, std::span<const V
   n->priority = options.priority;
   n->sdev = sdev;
   n->bytes = options.bytes;
+  n->cost_bytes = sdev == nullptr ? options.cost_bytes : 0;
   n->task.engine = this;
   n->task.node = n;
   n->async = async;
@@ -258,16 +260,29 @@ void EngineImpl::push(Function fn, std::span<const Var> reads, std::span<const V
   bool throttle = false;
   if (naive) {
     if (in_op) request(n);  // recorded by a running op: runs after it, before the outer wait returns
-  } else if (options_.max_pending != 0) {
+  } else {
     // The pending window: start the oldest recorded work when the frontend
-    // records far ahead, then stall a frontend that outruns the workers.
-    while (unreq_count_ > options_.max_pending) request(unreq_head_);
-    throttle = !in_op && unfinished() > 2 * options_.max_pending;
+    // records far ahead, then stall a frontend that outruns the workers
+    // (by nodes, and under eager by the bytes they touch).
+    if (options_.max_pending != 0) {
+      while (unreq_count_ > options_.max_pending) request(unreq_head_);
+    }
+    throttle = !in_op && over_window(2);
   }
   const bool run_now = naive && !in_op;
   if (run_now) NodePool::retain(n);
+  // Eager, small, on a CPU: if it is ready now, this thread runs it (a
+  // hand-over to a worker's core costs more than the work).
+  const bool small = options_.policy == Policy::kEager && !in_op && sdev == nullptr && !async &&
+                     options.cost_bytes != 0 && options.cost_bytes <= options_.inline_bytes;
   lk.unlock();
-  if (n->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) make_ready(n);
+  if (n->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    if (small) {
+      run_inline(n);
+    } else {
+      make_ready(n);
+    }
+  }
   if (run_now) {
     run_now_naive(n);
   } else if (throttle) {

@@ -91,6 +91,23 @@ void EngineImpl::make_ready(Node* n) {
   notify_idle();
 }
 
+// Eager: a small CPU node that became ready on the thread recording it runs
+// there at once, as a worker would run it (successors it makes ready go to
+// the queue). No queue entry and no wake-up: on a machine where moving a
+// node, its vars and its arrays to another core costs microseconds, a node
+// whose work is a few hundred nanoseconds is cheaper here. A wait that
+// tagged it meanwhile sees it complete as if a worker had run it.
+void EngineImpl::run_inline(Node* n) {
+  NodePool::retain(n);  // the runner's ref, as make_ready's queue entry
+  if (profiler::detail::on()) n->t_ready = profiler::detail::now_ns();
+  n->state.store(NodeState::kReady, std::memory_order_seq_cst);
+  if (!claim(n)) {  // a wait's traversal took it first
+    pool_.release(n);
+    return;
+  }
+  run_chain(n, -1, Bypass{});
+}
+
 // After a queue push: one more worker if fewer than configured are active;
 // with none to start, parked frontend threads that help with any work.
 void EngineImpl::notify_idle() {
@@ -399,11 +416,12 @@ Node* EngineImpl::complete(Node* n, Bypass bypass) {
   }
   for (VarState* v : n->reads) vars_.drop(v);
   for (VarState* v : n->writes) vars_.drop(v);
+  if (n->cost_bytes != 0) unfinished_bytes_.fetch_sub(n->cost_bytes, std::memory_order_seq_cst);
   // seq_cst: a waitall raises all_waiters_ and then reads the count.
   const bool epoch_drained = unfinished_by_epoch_[n->epoch].fetch_sub(1, std::memory_order_seq_cst) == 1;
   if (n->waiters.load(std::memory_order_seq_cst) != 0 ||
       (epoch_drained && all_waiters_.load(std::memory_order_seq_cst) != 0) ||
-      (throttle_waiters_.load(std::memory_order_seq_cst) != 0 && unfinished() <= options_.max_pending)) {
+      (throttle_waiters_.load(std::memory_order_seq_cst) != 0 && !over_window(1))) {
     wake_waiters();
   }
   pool_.release(n);  // the unfinished ref

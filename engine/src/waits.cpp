@@ -400,11 +400,23 @@ void EngineImpl::run_now_naive(Node* n) {
   unregister_waiter(tag, WaitMode::kAll);
 }
 
-// The window: a frontend that has twice max_pending nodes unfinished helps
-// until it is down to max_pending.
+// The window: a frontend that has twice max_pending nodes (or, eager, twice
+// max_pending_bytes of cost) unfinished helps until it is down to once.
 void EngineImpl::throttle_frontend() {
+  const StallHooks hooks = stall_hooks();
+  struct Stall {
+    const StallHooks& h;
+    explicit Stall(const StallHooks& hooks) : h(hooks) {
+      if (h.enter != nullptr) h.enter();
+    }
+    ~Stall() {
+      if (h.leave != nullptr) h.leave();
+    }
+    Stall(const Stall&) = delete;
+    Stall& operator=(const Stall&) = delete;
+  } stall(hooks);
   const std::uint32_t tag = register_waiter(WaitMode::kThrottle);
-  help_until(tag, [&] { return unfinished() <= options_.max_pending; },
+  help_until(tag, [&] { return !over_window(1); },
              /*watchdog=*/false);
   unregister_waiter(tag, WaitMode::kThrottle);
 }

@@ -83,6 +83,20 @@ class PythonSite {
   std::optional<engine::ForeignCallSite> site_;
 };
 
+// The engine's window stalls a recording thread inside push (it helps run
+// recorded work until the frontend is back within the window): the GIL is
+// released there too, so other Python threads run meanwhile.
+thread_local PyThreadState* tls_stalled = nullptr;
+void stall_enter() {
+  if (PyGILState_Check() != 0) tls_stalled = PyEval_SaveThread();
+}
+void stall_leave() {
+  if (tls_stalled != nullptr) {
+    PyEval_RestoreThread(tls_stalled);
+    tls_stalled = nullptr;
+  }
+}
+
 // Around every blocking call: names the Python caller (GIL held), then
 // releases the GIL for the wait; the GIL comes back before the site goes.
 class Blocking {
@@ -402,6 +416,7 @@ void def_operators(Class& arr) {
 PYBIND11_MODULE(lazydag, m) {
   m.doc() = "lazydag: a lazy dataflow graph engine with a dependency scheduler, and NDArrays on it";
   m.attr("__version__") = LAZYDAG_VERSION;
+  engine::set_stall_hooks({&stall_enter, &stall_leave});
 
   // Errors: lazydag.Error and its kinds, ValueError for bad input.
   static py::exception<Error> error(m, "Error", PyExc_RuntimeError);

@@ -28,6 +28,7 @@
 
 #include <lazydag/ndarray.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <deque>
@@ -146,6 +147,11 @@ void flush_locked(Group& g) {
     o.name = g.name;
     o.write_sources = write_sources;
     if (g.dev.is_stream_device()) o.bytes = bytes;
+    // The cost hint: the inputs and kept results, and a byte per element
+    // and step for the work in cache.
+    std::size_t touched = bytes + g.steps.size() * static_cast<std::size_t>(numel(g.domain));
+    for (const Storage* in : seen) touched += in->bytes;
+    o.cost_bytes = std::max<std::size_t>(touched, 1);
     nd::engine().push(
         [p = std::move(p)](const engine::RunContext& ctx) {
           for (const StatePtr& k : p.kept) {

@@ -228,18 +228,21 @@ void record(const char* name, std::initializer_list<StatePtr> inputs, const Stat
   if (inputs.size() > Inputs::kMax) throw Error(std::string(name) + ": too many inputs for one kernel");
   std::array<engine::Var, Inputs::kMax> reads;
   Inputs keep;
+  std::size_t touched = out->storage->bytes;  // the cost hint: every buffer, whole
   for (const auto& in : inputs) {
     reads[keep.count] = in->storage->var;
     keep.items[keep.count++] = in;
+    touched += in->storage->bytes;
   }
   const engine::Var writes[] = {out->storage->var};
+  engine::PushOptions options = push_options(out->storage->device, name, out->storage->bytes);
+  options.cost_bytes = std::max<std::size_t>(touched, 1);
   nd::engine().push(
       [keep = std::move(keep), out, kernel = std::move(kernel)](const engine::RunContext& ctx) {
         out->storage->ensure(ctx);
         kernel(ctx, keep, *out);
       },
-      std::span<const engine::Var>(reads.data(), keep.count), writes,
-      push_options(out->storage->device, name, out->storage->bytes));
+      std::span<const engine::Var>(reads.data(), keep.count), writes, options);
 }
 
 // A contiguous version of `a`: `a` itself, or a recorded copy.

@@ -13,7 +13,9 @@
 namespace lazydag::ops::cpu {
 
 using ops::detail::apply_compare;
-using detail::broadcast_strides;
+using detail::broadcast_dims;
+using detail::dims;
+using Dims = detail::Dims;
 using ops::detail::convert_value;
 using detail::typed;
 using ops::detail::wrap_add;
@@ -174,7 +176,8 @@ template <class X, class Y, class F>
 void map(const TensorView& a, const TensorView& out, F f) {
   const X* x = typed<X>(a);
   Y* y = typed<Y>(out);
-  detail::for_each_row<2>(out.shape, {broadcast_strides(a, out.shape), out.strides}, {a.offset, out.offset},
+  const std::array<Dims, 2> strides{broadcast_dims(a, out.shape), dims(out.strides)};
+  detail::for_each_row<2>(out.shape, strides, {a.offset, out.offset},
                           [&](const Off2& o, const Off2& st, std::int64_t n) {
                             map_row(x + o[0], st[0], y + o[1], st[1], n, f);
                           });
@@ -187,7 +190,8 @@ void zip(const TensorView& a, const TensorView& b, const TensorView& out, F f) {
   const X* z = typed<X>(b);
   Y* y = typed<Y>(out);
   detail::for_each_row<3>(
-      out.shape, {broadcast_strides(a, out.shape), broadcast_strides(b, out.shape), out.strides},
+      out.shape,
+      std::array<Dims, 3>{broadcast_dims(a, out.shape), broadcast_dims(b, out.shape), dims(out.strides)},
       {a.offset, b.offset, out.offset}, [&](const Off3& o, const Off3& st, std::int64_t n) {
         zip_row(x + o[0], st[0], z + o[1], st[1], y + o[2], st[2], n, f);
       });
@@ -230,7 +234,8 @@ template <class T>
 void vector_unary(UnaryOp op, const TensorView& a, const TensorView& out) {
   const T* x = typed<T>(a);
   T* y = typed<T>(out);
-  detail::for_each_row<2>(out.shape, {broadcast_strides(a, out.shape), out.strides}, {a.offset, out.offset},
+  const std::array<Dims, 2> strides{broadcast_dims(a, out.shape), dims(out.strides)};
+  detail::for_each_row<2>(out.shape, strides, {a.offset, out.offset},
                           [&](const Off2& o, const Off2& st, std::int64_t n) {
                             vector_unary_row<T>(op, x + o[0], st[0], y + o[1], st[1], n);
                           });
@@ -308,8 +313,8 @@ void where(const TensorView& cond, const TensorView& a, const TensorView& b,
     using Off4 = std::array<std::int64_t, 4>;
     detail::for_each_row<4>(
         out.shape,
-        {broadcast_strides(cond, out.shape), broadcast_strides(a, out.shape),
-         broadcast_strides(b, out.shape), out.strides},
+        std::array<Dims, 4>{broadcast_dims(cond, out.shape), broadcast_dims(a, out.shape),
+                            broadcast_dims(b, out.shape), dims(out.strides)},
         {cond.offset, a.offset, b.offset, out.offset}, [&](const Off4& o, const Off4& st, std::int64_t n) {
           const bool* cc = c + o[0];
           const T* xx = x + o[1];

@@ -51,6 +51,25 @@ inline Strides broadcast_strides(const TensorView& v, const Shape& out) {
   return s;
 }
 
+/// Strides in a fixed array: the kernels' loop nests take these, so that a
+/// kernel call allocates nothing.
+using Dims = std::array<std::int64_t, kMaxRank>;
+
+/// broadcast_strides without the allocation.
+inline Dims broadcast_dims(const TensorView& v, const Shape& out) {
+  Dims s{};
+  const std::size_t r = v.shape.size();
+  const std::size_t rank = out.size();
+  for (std::size_t i = 0; i < r; ++i) s[rank - r + i] = v.shape[i] == 1 ? 0 : v.strides[i];
+  return s;
+}
+
+inline Dims dims(const Strides& strides) {
+  Dims s{};
+  std::copy(strides.begin(), strides.end(), s.begin());
+  return s;
+}
+
 template <class T>
 T* typed(const TensorView& v) {
   return static_cast<T*>(v.data);
@@ -66,8 +85,8 @@ using ops::detail::Nest;
 /// when the array is large, split inside rows as well as across them, so a
 /// one-row (dense) array is split too. Row functions whose steps are 0 or 1
 /// are loops the compiler vectorises.
-template <std::size_t N, class Row>
-void for_each_row(const Shape& shape, const std::array<Strides, N>& strides,
+template <std::size_t N, class S, class Row>
+void for_each_row(const Shape& shape, const std::array<S, N>& strides,
                   const std::array<std::int64_t, N>& base, Row&& row) {
   const std::int64_t total = numel(shape);
   if (total == 0) return;

@@ -23,8 +23,10 @@ struct Nest {
   std::array<std::array<std::int64_t, kMaxRank>, N> strides{};
 };
 
-template <std::size_t N>
-Nest<N> make_nest(const Shape& shape, const std::array<Strides, N>& strides) {
+/// `strides[k][d]`: operand k's stride along dim d of `shape` (a Strides
+/// vector or a fixed array of kMaxRank).
+template <std::size_t N, class S>
+Nest<N> make_nest(const Shape& shape, const std::array<S, N>& strides) {
   Nest<N> n;
   int r = 0;
   for (std::size_t d = 0; d < shape.size(); ++d) {

@@ -111,6 +111,27 @@ int main(int argc, char** argv) {
     counting = false;
     std::printf("bench=ndarray workload=tiny_add allocs_per_op=%.2f\n",
                 static_cast<double>(allocations) / ops);
+    // y = x + 1 with y dropped at once, waited for after each op or once,
+    // over sizes around EngineOptions::inline_bytes (run it again with
+    // LAZYDAG_INLINE_BYTES=0 to see every node handed to a worker).
+    for (const std::int64_t len : {1, 1024, 4096, 8192, 16384, 65536}) {
+      NDArray v = nd::ones({len});
+      const int n = 5000;
+      const double s = median_seconds(
+          [&] {
+            for (int i = 0; i < n; ++i) (v + 1.0).wait_to_read();
+          },
+          kTinyRepeats);
+      const double a = median_seconds(
+          [&] {
+            for (int i = 0; i < n; ++i) (void)(v + 1.0);
+            nd::waitall();
+          },
+          kTinyRepeats);
+      std::printf("bench=ndarray workload=add_sweep elements=%lld inline_bytes=%zu sync_ns_per_op=%.0f "
+                  "async_ns_per_op=%.0f\n",
+                  static_cast<long long>(len), nd::engine().inline_bytes(), s / n * 1e9, a / n * 1e9);
+    }
     // The 10,000 x = x + 1 chain, read once: fused into nodes of 32 ops.
     auto chain = [&] {
       NDArray y = x;

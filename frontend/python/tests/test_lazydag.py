@@ -278,10 +278,14 @@ def test_errors_are_typed():
     lazydag.waitall()  # reported once
 
 
-def test_a_wait_releases_the_gil():
-    # Another Python thread runs while this one is blocked in waitall(): it
-    # ticks in the middle of the wait, away from its ends (where a switch
-    # of the interpreter could let it run even if the wait held the GIL).
+def test_blocking_calls_release_the_gil():
+    # Another Python thread runs while this one is blocked inside a call: in
+    # waitall(), and in an op whose push the window stalls (the recording
+    # thread helps run recorded work once max_pending_bytes are in flight).
+    # A tick must fall in the middle of such a call, away from its ends
+    # (where a switch of the interpreter could let the other thread run even
+    # if the call held the GIL).
+    import sys
     import time
     stop = threading.Event()
     ticks = []
@@ -290,22 +294,41 @@ def test_a_wait_releases_the_gil():
         while not stop.is_set():
             ticks.append(time.perf_counter())
 
-    a = nd.random_uniform((768, 768), seed=3)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.001)
+    calls = []
+
+    def timed_call(fn):
+        t0 = time.perf_counter()
+        out = fn()
+        calls.append((t0, time.perf_counter()))
+        return out
+
+    a = nd.random_uniform((1536, 1536), seed=3)
     t = threading.Thread(target=count)
     t.start()
     try:
-        for _ in range(30):
-            a = nd.tanh(a @ a * (1.0 / 768))
-        t0 = time.perf_counter()
-        lazydag.waitall()
-        t1 = time.perf_counter()
+        for _ in range(10):
+            b = timed_call(lambda: a @ a)
+            c = timed_call(lambda: b * (1.0 / 1536))
+            a = timed_call(lambda: nd.tanh(c))
+        timed_call(lazydag.waitall)
     finally:
         stop.set()
         t.join()
-    margin = 0.03  # several switch intervals (5 ms)
-    assert t1 - t0 > 3 * margin, "the wait was too short to tell"
-    inside = [x for x in ticks if t0 + margin < x < t1 - margin]
-    assert len(inside) > 0
+        sys.setswitchinterval(interval)
+    margin = 0.01  # several switch intervals (1 ms)
+
+    def ticks_inside(spans):
+        return [x for x in ticks for t0, t1 in spans if t1 - t0 > 3 * margin and t0 + margin < x < t1 - margin]
+
+    stalled_ops = [span for span in calls[:-1] if span[1] - span[0] > 3 * margin]
+    wait = calls[-1]
+    assert stalled_ops or wait[1] - wait[0] > 3 * margin, "no call was long enough to tell"
+    if stalled_ops:  # products of 27 MiB of buffers: the byte window stalls the recording thread
+        assert ticks_inside(stalled_ops), "a stalled op held the GIL"
+    if wait[1] - wait[0] > 3 * margin:
+        assert ticks_inside([wait]), "waitall held the GIL"
 
 
 def test_engine_counts_blocking_calls():

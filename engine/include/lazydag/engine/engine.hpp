@@ -106,6 +106,13 @@ struct PushOptions {
   /// mask per write, at most 64 reads, no var twice, reads and writes
   /// disjoint, not push_async; InvalidArgument otherwise.
   std::span<const std::uint64_t> write_sources{};
+  /// CPU nodes: the bytes the node reads and writes, a hint of its cost
+  /// (0: unknown). Under the eager policy a node at most
+  /// EngineOptions::inline_bytes large that is ready when recorded runs on
+  /// the recording thread before push returns: handing it to a worker
+  /// would cost more than running it. Its failure is reported by waits as
+  /// any node's; push still never throws for it.
+  std::size_t cost_bytes = 0;
 };
 
 /// Engine construction options. from_env() reads LAZYDAG_ENGINE
@@ -120,6 +127,11 @@ struct EngineOptions {
   /// also stalls a frontend that has twice this many nodes unfinished.
   /// 0 = unbounded.
   std::size_t max_pending = 16384;
+  /// Eager: the PushOptions::cost_bytes of unfinished nodes a frontend may
+  /// run ahead by; past twice this it helps until it is down to this
+  /// (LAZYDAG_MAX_PENDING_BYTES; 0 = unbounded). Recorded work whose
+  /// buffers outgrow the caches is slower than waiting for each op.
+  std::size_t max_pending_bytes = std::size_t{8} << 20;
   /// Debugging aid: a wait that blocks longer than this many seconds fails
   /// with WatchdogTimeout listing the pending nodes it waits for, instead of
   /// hanging. 0 = off; 1e9 or more (or infinity) never fires. From
@@ -131,6 +143,10 @@ struct EngineOptions {
   /// ... and the PushOptions::bytes of those nodes (one node is always let
   /// through, however large).
   std::size_t max_in_flight_bytes = std::size_t{4} << 30;
+  /// Eager: CPU nodes whose PushOptions::cost_bytes is at most this, ready
+  /// when recorded, run on the recording thread (LAZYDAG_INLINE_BYTES;
+  /// 0 = never). docs/architecture.md gives the measurement behind it.
+  std::size_t inline_bytes = 16384;
 
   /// Defaults overridden by the environment; throws InvalidArgument on a
   /// malformed value. (Engine's constructor checks every field: num_threads
@@ -138,6 +154,18 @@ struct EngineOptions {
   /// >= 1, watchdog_seconds >= 0, a policy of the enumeration.)
   [[nodiscard]] static EngineOptions from_env();
 };
+
+/// Called on a recording thread around the window's stall (push helping
+/// until the frontend is back within max_pending / max_pending_bytes), the
+/// one place where recording blocks: a language binding releases its
+/// interpreter lock there (the Python module does). Process-wide; `enter`
+/// and `leave` are called in pairs on the stalled thread and must not
+/// throw. Null functions: nothing is called.
+struct StallHooks {
+  void (*enter)() = nullptr;
+  void (*leave)() = nullptr;
+};
+void set_stall_hooks(StallHooks hooks) noexcept;
 
 /// The kinds of blocking call a frontend makes. The engine's own waits are
 /// the first three; the NDArray blockers name themselves.
@@ -302,6 +330,8 @@ class Engine {
   [[nodiscard]] Policy policy() const noexcept;
   [[nodiscard]] int num_threads() const noexcept;
   [[nodiscard]] std::size_t max_pending() const noexcept;
+  /// EngineOptions::inline_bytes.
+  [[nodiscard]] std::size_t inline_bytes() const noexcept;
   [[nodiscard]] EngineStats stats() const;
 
   /// The stream device `d`, created on first use (its streams and executors).

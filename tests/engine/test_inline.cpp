@@ -1,0 +1,216 @@
+// Small nodes on the recording thread (eager): a CPU node whose cost hint is
+// at most EngineOptions::inline_bytes and that is ready when recorded runs
+// before push returns, on the recording thread; every other node is left to
+// the workers and the waits. Each case asserts what would break if the rule
+// were applied too widely or not at all.
+#include <doctest/doctest.h>
+
+#include <lazydag/engine/engine.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <stdexcept>
+#include <thread>
+
+#include "support.hpp"
+
+using namespace lazydag;
+using namespace lazydag::engine;
+
+namespace {
+
+EngineOptions eager(int threads, std::size_t inline_bytes = 4096) {
+  EngineOptions o = test::Config{Policy::kEager, threads}.options();
+  o.inline_bytes = inline_bytes;
+  return o;
+}
+
+// Pushes a node that notes whether it ran on this thread while push was
+// still running; returns that (after waiting for the node).
+struct Probe {
+  std::atomic<bool> in_push{false};
+  std::atomic<bool> ran_in_push{false};
+  std::atomic<bool> ran{false};
+  std::thread::id caller = std::this_thread::get_id();
+
+  void push(Engine& eng, std::span<const Var> reads, Var out, std::size_t cost) {
+    const Var writes[] = {out};
+    in_push.store(true);
+    eng.push(
+        [this](const RunContext&) {
+          if (in_push.load() && std::this_thread::get_id() == caller) ran_in_push.store(true);
+          ran.store(true);
+        },
+        reads, writes, {.name = "probe", .cost_bytes = cost});
+    in_push.store(false);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a small node ready when recorded runs on the recording thread before push returns") {
+  for (int threads : {1, 2, 4}) {
+    CAPTURE(threads);
+    Engine eng(eager(threads));
+    Var v = eng.new_var();
+    Probe p;
+    p.push(eng, {}, v, 8);
+    CHECK(p.ran.load());  // no wait: it has run already
+    CHECK(p.ran_in_push.load());
+    // the bound is inclusive
+    Probe q;
+    q.push(eng, {}, v, 4096);
+    CHECK(q.ran_in_push.load());
+    eng.waitall();
+    CHECK(eng.stats().nodes_run == 2);
+  }
+}
+
+TEST_CASE("unknown, large, not yet ready, lazy and switched off are left to the workers") {
+  SUBCASE("no cost hint") {
+    Engine eng(eager(2));
+    Var v = eng.new_var();
+    Probe p;
+    p.push(eng, {}, v, 0);
+    eng.wait_to_read(v);
+    CHECK(p.ran.load());
+    CHECK_FALSE(p.ran_in_push.load());
+  }
+  SUBCASE("over the bound") {
+    Engine eng(eager(2));
+    Var v = eng.new_var();
+    Probe p;
+    p.push(eng, {}, v, 4097);
+    eng.wait_to_read(v);
+    CHECK(p.ran.load());
+    CHECK_FALSE(p.ran_in_push.load());
+  }
+  SUBCASE("switched off") {
+    Engine eng(eager(2, 0));
+    Var v = eng.new_var();
+    Probe p;
+    p.push(eng, {}, v, 1);
+    eng.wait_to_read(v);
+    CHECK_FALSE(p.ran_in_push.load());
+  }
+  SUBCASE("lazy: not even started by push") {
+    EngineOptions o = test::Config{Policy::kLazy, 2}.options();
+    Engine eng(o);
+    Var v = eng.new_var();
+    Probe p;
+    p.push(eng, {}, v, 8);
+    CHECK_FALSE(p.ran.load());
+    eng.wait_to_read(v);
+    CHECK(p.ran.load());
+  }
+  SUBCASE("an input still being written") {
+    Engine eng(eager(2));
+    Var in = eng.new_var();
+    Var v = eng.new_var();
+    test::Gate gate;
+    eng.push([&gate](const RunContext&) { REQUIRE(gate.wait()); }, {}, {in}, {.name = "gated"});
+    Probe p;
+    const Var reads[] = {in};
+    p.push(eng, reads, v, 8);
+    CHECK_FALSE(p.ran.load());  // its input is not written yet
+    gate.open();
+    eng.wait_to_read(v);
+    CHECK(p.ran.load());
+    CHECK_FALSE(p.ran_in_push.load());
+  }
+}
+
+TEST_CASE("a small node that throws fails at the wait, not at push, and poisons its readers") {
+  Engine eng(eager(2));
+  Var v = eng.new_var();
+  Var w = eng.new_var();
+  CHECK_NOTHROW(eng.push([](const RunContext&) { throw std::runtime_error("small and broken"); }, {}, {v},
+                         {.name = "broken", .cost_bytes = 8}));
+  bool reader_ran = false;
+  eng.push([&reader_ran](const RunContext&) { reader_ran = true; }, {v}, {w}, {.name = "reader", .cost_bytes = 8});
+  CHECK_THROWS_WITH_AS(eng.wait_to_read(w), doctest::Contains("small and broken"), OpError);
+  CHECK_FALSE(reader_ran);
+  CHECK_THROWS_AS(eng.wait_to_read(v), OpError);
+  CHECK(eng.stats().nodes_failed == 1);
+  CHECK(eng.stats().nodes_skipped == 1);
+}
+
+TEST_CASE("small nodes from several threads on shared vars keep write order") {
+  // Each thread increments the shared cell with small read-modify-write
+  // nodes; some are ready when recorded (and run there), some wait behind
+  // another thread's. A lost or reordered update changes the total.
+  Engine eng(eager(2));
+  Var shared = eng.new_var();
+  std::uint64_t cell = 0;  // written only by nodes, which the engine serialises
+  constexpr int kThreads = 3;
+  constexpr int kOps = 3000;
+  std::vector<std::thread> ts;
+  for (int t = 0; t < kThreads; ++t) {
+    ts.emplace_back([&eng, &cell, shared, t] {
+      for (int i = 0; i < kOps; ++i) {
+        eng.push([&cell](const RunContext&) { cell = cell + 1; }, {shared}, {shared},
+                 {.name = "inc", .cost_bytes = static_cast<std::size_t>((i + t) % 3 == 0 ? 0 : 8)});
+      }
+    });
+  }
+  for (auto& th : ts) th.join();
+  eng.wait_to_read(shared);
+  CHECK(cell == std::uint64_t{kThreads} * kOps);
+}
+
+namespace {
+
+// Pushes `count` nodes of `cost` bytes that each take a little while;
+// returns the most nodes ever unfinished right after a push returned.
+std::size_t run_ahead(Engine& eng, int count, std::size_t cost) {
+  Var v = eng.new_var();
+  std::size_t most = 0;
+  for (int i = 0; i < count; ++i) {
+    eng.push(
+        [](const RunContext&) {
+          const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(30);
+          while (std::chrono::steady_clock::now() < until) {
+          }
+        },
+        {}, {v}, {.name = "slow", .cost_bytes = cost});
+    most = std::max<std::size_t>(most, eng.stats().unfinished);
+  }
+  eng.waitall();
+  return most;
+}
+
+}  // namespace
+
+TEST_CASE("eager: the frontend runs ahead by at most twice max_pending_bytes of cost") {
+  EngineOptions o = eager(1, 0);
+  o.max_pending_bytes = 1000;
+  {
+    Engine eng(o);
+    // 300 bytes a node: past 2,000 bytes (7 nodes) push helps until 1,000.
+    CHECK(run_ahead(eng, 400, 300) <= 7);
+  }
+  {
+    Engine eng(o);  // no cost hint: only the node count bounds it
+    CHECK(run_ahead(eng, 400, 0) > 7);
+  }
+  {
+    o.max_pending_bytes = 0;  // unbounded
+    Engine eng(o);
+    CHECK(run_ahead(eng, 400, 300) > 7);
+  }
+}
+
+TEST_CASE("lazy: the byte window does not stall recording (nothing runs until asked)") {
+  EngineOptions o = test::Config{Policy::kLazy, 1}.options();
+  o.max_pending_bytes = 100;
+  Engine eng(o);
+  Var v = eng.new_var();
+  int ran = 0;
+  for (int i = 0; i < 50; ++i) {
+    eng.push([&ran](const RunContext&) { ++ran; }, {v}, {v}, {.name = "inc", .cost_bytes = 1000});
+  }
+  CHECK(ran == 0);
+  eng.wait_to_read(v);
+  CHECK(ran == 50);
+}

@@ -68,30 +68,20 @@ TEST_CASE("a small node ready when recorded runs on the recording thread before 
 }
 
 TEST_CASE("unknown, large, not yet ready, lazy and switched off are left to the workers") {
-  SUBCASE("no cost hint") {
-    Engine eng(eager(2));
+  struct Case {
+    const char* what;
+    std::size_t inline_bytes;
+    std::size_t cost;
+  };
+  for (const Case& c : {Case{"no cost hint", 4096, 0}, Case{"over the bound", 4096, 4097},
+                        Case{"switched off", 0, 1}}) {
+    CAPTURE(c.what);
+    Engine eng(eager(2, c.inline_bytes));
     Var v = eng.new_var();
     Probe p;
-    p.push(eng, {}, v, 0);
+    p.push(eng, {}, v, c.cost);
     eng.wait_to_read(v);
     CHECK(p.ran.load());
-    CHECK_FALSE(p.ran_in_push.load());
-  }
-  SUBCASE("over the bound") {
-    Engine eng(eager(2));
-    Var v = eng.new_var();
-    Probe p;
-    p.push(eng, {}, v, 4097);
-    eng.wait_to_read(v);
-    CHECK(p.ran.load());
-    CHECK_FALSE(p.ran_in_push.load());
-  }
-  SUBCASE("switched off") {
-    Engine eng(eager(2, 0));
-    Var v = eng.new_var();
-    Probe p;
-    p.push(eng, {}, v, 1);
-    eng.wait_to_read(v);
     CHECK_FALSE(p.ran_in_push.load());
   }
   SUBCASE("lazy: not even started by push") {

@@ -116,8 +116,9 @@ struct PushOptions {
 };
 
 /// Engine construction options. from_env() reads LAZYDAG_ENGINE
-/// (lazy|eager|naive), LAZYDAG_NUM_THREADS, LAZYDAG_MAX_PENDING and
-/// LAZYDAG_WATCHDOG (seconds).
+/// (lazy|eager|naive), LAZYDAG_NUM_THREADS, LAZYDAG_MAX_PENDING,
+/// LAZYDAG_MAX_PENDING_BYTES, LAZYDAG_INLINE_BYTES, LAZYDAG_MAX_IN_FLIGHT
+/// and LAZYDAG_WATCHDOG (seconds).
 struct EngineOptions {
   Policy policy = Policy::kEager;
   /// CPU workers; 0 = the hardware's concurrency (measured best on 2 cores:

@@ -377,9 +377,22 @@ void random_normal(const TensorView& out, std::uint64_t seed, double mean, doubl
 }
 
 // The flat runs of runs.hpp: the kernels' own row functions on one run.
+// They are the fused interpreter's inner loops, where a step's operands are
+// in cache and the arithmetic is the cost: each is compiled twice on x86-64,
+// for the baseline ISA and for AVX2, with everything it calls inlined into
+// it (flatten), and the dynamic loader picks the clone for the running CPU
+// (GCC's target_clones, an ifunc). Both clones compute the same bits as the
+// kernels: IEEE operations element by element, no contraction (AVX2 brings
+// no FMA), the same SLEEF routines (vmath dispatches by itself).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define LAZYDAG_RUN_CLONES __attribute__((target_clones("avx2", "default"), flatten))
+#else
+#define LAZYDAG_RUN_CLONES
+#endif
+
 namespace detail {
 
-void unary_run(UnaryOp op, DType t, const void* x, std::int64_t sx, void* y, std::int64_t n) {
+LAZYDAG_RUN_CLONES void unary_run(UnaryOp op, DType t, const void* x, std::int64_t sx, void* y, std::int64_t n) {
   dispatch(t, [&]<class T>() {
     const T* xs = static_cast<const T*>(x);
     T* ys = static_cast<T*>(y);
@@ -393,7 +406,7 @@ void unary_run(UnaryOp op, DType t, const void* x, std::int64_t sx, void* y, std
   });
 }
 
-void binary_run(BinaryOp op, DType t, const void* x, std::int64_t sx, const void* z, std::int64_t sz, void* y,
+LAZYDAG_RUN_CLONES void binary_run(BinaryOp op, DType t, const void* x, std::int64_t sx, const void* z, std::int64_t sz, void* y,
                 std::int64_t n) {
   dispatch(t, [&]<class T>() {
     with_op(op, [&](auto c) {
@@ -403,7 +416,7 @@ void binary_run(BinaryOp op, DType t, const void* x, std::int64_t sx, const void
   });
 }
 
-void scalar_run(BinaryOp op, DType t, const void* x, std::int64_t sx, double scalar, bool scalar_first, void* y,
+LAZYDAG_RUN_CLONES void scalar_run(BinaryOp op, DType t, const void* x, std::int64_t sx, double scalar, bool scalar_first, void* y,
                 std::int64_t n) {
   dispatch(t, [&]<class T>() {
     const T s = from_double<T>(scalar);
@@ -420,7 +433,7 @@ void scalar_run(BinaryOp op, DType t, const void* x, std::int64_t sx, double sca
   });
 }
 
-void compare_run(CompareOp op, DType t, const void* x, std::int64_t sx, const void* z, std::int64_t sz, void* y,
+LAZYDAG_RUN_CLONES void compare_run(CompareOp op, DType t, const void* x, std::int64_t sx, const void* z, std::int64_t sz, void* y,
                  std::int64_t n) {
   dispatch(t, [&]<class T>() {
     with_op(op, [&](auto c) {
@@ -430,7 +443,7 @@ void compare_run(CompareOp op, DType t, const void* x, std::int64_t sx, const vo
   });
 }
 
-void compare_scalar_run(CompareOp op, DType t, const void* x, std::int64_t sx, double scalar, void* y,
+LAZYDAG_RUN_CLONES void compare_scalar_run(CompareOp op, DType t, const void* x, std::int64_t sx, double scalar, void* y,
                         std::int64_t n) {
   dispatch(t, [&]<class T>() {
     with_op(op, [&](auto c) {
@@ -441,7 +454,7 @@ void compare_scalar_run(CompareOp op, DType t, const void* x, std::int64_t sx, d
   });
 }
 
-void where_run(DType t, const void* c, std::int64_t sc, const void* x, std::int64_t sx, const void* z,
+LAZYDAG_RUN_CLONES void where_run(DType t, const void* c, std::int64_t sc, const void* x, std::int64_t sx, const void* z,
                std::int64_t sz, void* y, std::int64_t n) {
   dispatch(t, [&]<class T>() {
     const bool* cc = static_cast<const bool*>(c);
@@ -456,7 +469,7 @@ void where_run(DType t, const void* c, std::int64_t sc, const void* x, std::int6
   });
 }
 
-void cast_run(DType from, DType to, const void* x, std::int64_t sx, void* y, std::int64_t n) {
+LAZYDAG_RUN_CLONES void cast_run(DType from, DType to, const void* x, std::int64_t sx, void* y, std::int64_t n) {
   dispatch(from, [&]<class S>() {
     dispatch(to, [&]<class D>() {
       map_row(static_cast<const S*>(x), sx, static_cast<D*>(y), 1, n, [](S v) { return convert_value<D>(v); });

@@ -227,34 +227,62 @@ int main(int argc, char** argv) {
       report("tanh", 2.0 * n * 4, ours, one, two);
     }
     // Fused expressions on 16M float32 (LAZYDAG_FUSION=0 for the unfused
-    // figure, in the same run), beside NumPy on the same expressions.
+    // figure, in the same run), beside NumPy on the same expressions. Two
+    // operand forms: `rows`, a [16384, 1024] batch with per-feature
+    // parameters of shape [1024] broadcast over it (a layer's case), and
+    // `arrays`, every operand a full 16M array. `traffic_bound` is the
+    // unfused ops' memory traffic over the fused node's (in and out, full
+    // arrays only): the speedup a memory-bound pass can reach at most.
     {
       const std::map<std::string, double> numpy = numpy_peer(argc, argv);
-      NDArray w = nd::random_uniform({n}, cpu(), 3, 0.5, 1.5);
-      NDArray bb = nd::random_uniform({n}, cpu(), 4, 0.5, 1.5);
-      NDArray m = nd::random_uniform({n}, cpu(), 5, 0.5, 1.5);
-      NDArray sd = nd::random_uniform({n}, cpu(), 6, 0.5, 1.5);
-      NDArray g = nd::random_uniform({n}, cpu(), 7, 0.5, 1.5);
-      nd::waitall();
-      const std::pair<const char*, std::function<NDArray()>> exprs[] = {
-          {"sigmoid", [&] { return nd::sigmoid(a * w + bb); }},
-          {"chain6", [&] { return nd::relu((a - m) / sd * g + bb); }},
+      constexpr std::int64_t kFeatures = 1024;
+      const NDArray x2 = a.reshape({n / kFeatures, kFeatures});
+      struct Form {
+        const char* suffix;
+        Shape shape;
       };
-      for (const auto& [name, expr] : exprs) {
-        nd::set_fusion(false);
-        const double off = median_seconds([&] { expr().wait_to_read(); });
-        nd::set_fusion(true);
-        const double on = median_seconds([&] { expr().wait_to_read(); });
-        nd::set_fusion(fusion);
-        std::printf("bench=ndarray workload=fused_%s n=%lld fusion=on ms=%.2f\n", name, static_cast<long long>(n),
-                    on * 1e3);
-        std::printf("bench=ndarray workload=fused_%s n=%lld fusion=off ms=%.2f\n", name, static_cast<long long>(n),
-                    off * 1e3);
-        std::printf("bench=ndarray workload=fused_%s speedup_vs_unfused=%.2f\n", name, off / on);
-        if (auto it = numpy.find(name); it != numpy.end()) {
-          std::printf("bench=ndarray workload=fused_%s n=%lld peer=numpy ms=%.2f\n", name,
-                      static_cast<long long>(n), it->second);
-          std::printf("bench=ndarray workload=fused_%s ratio_vs_numpy=%.2f\n", name, on * 1e3 / it->second);
+      for (const Form& form : {Form{"_rows", Shape{kFeatures}}, Form{"", Shape{n}}}) {
+        const bool rows = form.shape.size() == 1 && form.shape[0] == kFeatures;
+        const NDArray& xx = rows ? x2 : a;
+        NDArray w = nd::random_uniform(form.shape, cpu(), 3, 0.5, 1.5);
+        NDArray bb = nd::random_uniform(form.shape, cpu(), 4, 0.5, 1.5);
+        NDArray m = nd::random_uniform(form.shape, cpu(), 5, 0.5, 1.5);
+        NDArray sd = nd::random_uniform(form.shape, cpu(), 6, 0.5, 1.5);
+        NDArray g = nd::random_uniform(form.shape, cpu(), 7, 0.5, 1.5);
+        nd::waitall();
+        struct Expr {
+          const char* name;
+          std::function<NDArray()> fn;
+          // Full-array passes (reads and writes) of the unfused ops and of
+          // the fused node, with row operands and with array operands.
+          double unfused_rows, fused_rows, unfused_arrays, fused_arrays;
+        };
+        const Expr exprs[] = {
+            // x*w (2 passes with rows, 3 with arrays), +b, sigmoid (2) vs one pass (2 or 4)
+            {"sigmoid", [&] { return nd::sigmoid(xx * w + bb); }, 6, 2, 8, 4},
+            // four binary ops and relu (10 or 14 passes) vs one pass (2 or 6)
+            {"chain6", [&] { return nd::relu((xx - m) / sd * g + bb); }, 10, 2, 14, 6},
+        };
+        for (const Expr& e : exprs) {
+          const std::string name = std::string(e.name) + form.suffix;
+          nd::set_fusion(false);
+          const double off = median_seconds([&] { e.fn().wait_to_read(); });
+          nd::set_fusion(true);
+          const double on = median_seconds([&] { e.fn().wait_to_read(); });
+          nd::set_fusion(fusion);
+          const char* w_name = name.c_str();
+          const double fused_passes = rows ? e.fused_rows : e.fused_arrays;
+          const double bound = (rows ? e.unfused_rows : e.unfused_arrays) / fused_passes;
+          const long long ln = static_cast<long long>(n);
+          std::printf("bench=ndarray workload=fused_%s n=%lld fusion=on ms=%.2f gbps=%.2f\n", w_name, ln, on * 1e3,
+                      fused_passes * static_cast<double>(n) * 4 / on * 1e-9);
+          std::printf("bench=ndarray workload=fused_%s n=%lld fusion=off ms=%.2f\n", w_name, ln, off * 1e3);
+          std::printf("bench=ndarray workload=fused_%s speedup_vs_unfused=%.2f traffic_bound=%.2f\n", w_name,
+                      off / on, bound);
+          if (auto it = numpy.find(name); it != numpy.end()) {
+            std::printf("bench=ndarray workload=fused_%s n=%lld peer=numpy ms=%.2f\n", w_name, ln, it->second);
+            std::printf("bench=ndarray workload=fused_%s ratio_vs_numpy=%.2f\n", w_name, on * 1e3 / it->second);
+          }
         }
       }
     }

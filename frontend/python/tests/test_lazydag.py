@@ -5,6 +5,7 @@ import ctypes
 import inspect
 import io
 import json
+import operator
 import threading
 
 import numpy as np
@@ -92,6 +93,47 @@ def test_operators_take_numbers_arrays_and_nothing_else():
     assert lazydag.engine_stats()["nodes_recorded"] == before
     with pytest.raises(OverflowError):
         a + 10 ** 400
+
+
+def test_operator_slots_agree_with_the_bound_methods():
+    """+, -, *, / have number slots of their own (a fast path for arrays and
+    Python numbers); they give what the bound methods give, raise what they
+    raise, record nothing when refused, and leave other types their turn."""
+    x, y = rand((3, 4)), rand((4,), lo=1, hi=5)
+    a, b = nd.array(x), nd.array(y)
+    for op, name in [(operator.add, "add"), (operator.sub, "sub"), (operator.mul, "mul"),
+                     (operator.truediv, "truediv")]:
+        np.testing.assert_array_equal(op(a, b).asnumpy(), getattr(a, f"__{name}__")(b).asnumpy())
+        np.testing.assert_array_equal(op(a, 1.5).asnumpy(), getattr(a, f"__{name}__")(1.5).asnumpy())
+        np.testing.assert_array_equal(op(3, a).asnumpy(), getattr(a, f"__r{name}__")(3).asnumpy())
+        c = a.copy()
+        same = c
+        c = getattr(operator, f"i{name}")(c, b)
+        assert c is same
+        np.testing.assert_array_equal(c.asnumpy(), op(a, b).asnumpy())
+    c, five, big = a.copy(), nd.ones((5,)), nd.ones((2, 3, 4))
+    lazydag.waitall()
+    before = lazydag.engine_stats()["nodes_recorded"]
+    with pytest.raises(lazydag.InvalidArgument, match="broadcast"):
+        a + five
+    with pytest.raises(lazydag.InvalidArgument, match="broadcast"):
+        five * a
+    with pytest.raises(lazydag.InvalidArgument):
+        c -= big  # the result would not fit c
+    lazydag.flush_fused()
+    assert lazydag.engine_stats()["nodes_recorded"] == before
+
+    class Foreign:
+        def __radd__(self, other):
+            return "foreign radd"
+
+        def __rmul__(self, other):
+            return "foreign rmul"
+
+    assert a + Foreign() == "foreign radd"
+    assert a * Foreign() == "foreign rmul"
+    with pytest.raises(TypeError):
+        Foreign() - a
 
 
 @pytest.mark.parametrize("name", ["exp", "log", "log1p", "tanh", "sigmoid", "sqrt", "relu", "abs"])

@@ -307,7 +307,7 @@ void EngineImpl::execute(Node* n, const RunContext& ctx) {
   } else {
     for (VarState* v : n->writes) v->poison = err;  // a successful write clears it
   }
-  if (ctx.worker_index >= 0 || ctx.stream_device != nullptr) {
+  if ((ctx.worker_index >= 0 || ctx.stream_device != nullptr) && !n->fn.trivially_destructible()) {
     bury(n);  // a worker or device thread: the frontend destroys the captures
   } else {
     n->fn.reset();  // captures die here, outside every lock: their destructors may record
@@ -318,8 +318,10 @@ void EngineImpl::execute(Node* n, const RunContext& ctx) {
 }
 
 // A function that ran on a worker or a device thread is destroyed by the
-// next frontend call (push, a wait) instead: its captures were allocated by
-// the frontend (arrays, buffers, shape vectors), and freeing them here would
+// next frontend call (push, a wait) instead, unless destroying it runs no
+// code (captures of pointers and numbers, stored inline; reset at once).
+// Its captures were allocated by the frontend (arrays, buffers, shape
+// vectors), and freeing them here would
 // hand every allocation across threads (contended malloc arenas, the host
 // pool) and take the recorder lock for every var their destructors delete.
 // Destroyed in batches by the frontend, they stay thread-local. The node

@@ -53,6 +53,10 @@ class Function {
   void operator()(const RunContext& ctx) { vtable_->invoke(buf_, ctx); }
   explicit operator bool() const noexcept { return vtable_ != nullptr; }
 
+  /// True when destroying it runs no code: empty, or stored inline with
+  /// trivially destructible captures (pointers, numbers).
+  [[nodiscard]] bool trivially_destructible() const noexcept { return vtable_ == nullptr || vtable_->trivial; }
+
   /// Destroys the callable (and its captures) now.
   void reset() noexcept {
     if (vtable_ != nullptr) {
@@ -66,6 +70,7 @@ class Function {
     void (*invoke)(void*, const RunContext&);
     void (*move)(void* dst, void* src) noexcept;  // move-construct dst, destroy src
     void (*destroy)(void*) noexcept;
+    bool trivial;  // destroy does nothing
   };
 
   template <class D>
@@ -82,13 +87,15 @@ class Function {
         ::new (dst) D(std::move(*s));
         s->~D();
       },
-      [](void* p) noexcept { std::launder(static_cast<D*>(p))->~D(); }};
+      [](void* p) noexcept { std::launder(static_cast<D*>(p))->~D(); },
+      std::is_trivially_destructible_v<D>};
 
   template <class D>
   static constexpr VTable kHeapTable{
       [](void* p, const RunContext& c) { (**static_cast<D**>(p))(c); },
       [](void* dst, void* src) noexcept { ::new (dst) D*(*static_cast<D**>(src)); },
-      [](void* p) noexcept { delete *static_cast<D**>(p); }};
+      [](void* p) noexcept { delete *static_cast<D**>(p); },
+      false};
 
   void move_from(Function& o) noexcept {
     if (o.vtable_ != nullptr) {

@@ -371,7 +371,7 @@ std::uint64_t run(const std::uint8_t* data, std::size_t size) {
             Shape s = edge_shape();
             if (!s.empty() && in.pick(2) == 0) s[static_cast<std::size_t>(in.pick(static_cast<int>(s.size())))] = -1;
             Shape known = s;
-            std::erase(known, -1);
+            known.erase(std::remove(known.begin(), known.end(), -1), known.end());
             if (a.valid() && (extent(known) > kLimit ||
                               std::any_of(s.begin(), s.end(), [](std::int64_t d) { return d < -1; }))) {
               must_refuse([&] { (void)a.reshape(s); }, "reshape to an overflowing shape");

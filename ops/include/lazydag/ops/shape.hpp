@@ -10,13 +10,18 @@
 #include <vector>
 
 #include <lazydag/engine/error.hpp>
+#include <lazydag/ops/inline_vector.hpp>
 
 namespace lazydag {
 
-using Shape = std::vector<std::int64_t>;
-using Strides = std::vector<std::int64_t>;  // in elements
-
 inline constexpr int kMaxRank = 8;
+
+/// Dims and strides (in elements) of arrays, up to kMaxRank inline: the
+/// interface of std::vector<std::int64_t>, constructible from one, and
+/// convertible to std::span<const std::int64_t>.
+using Shape = InlineVector<std::int64_t, kMaxRank>;
+using Strides = InlineVector<std::int64_t, kMaxRank>;  // in elements
+
 /// The most elements an array may have, counting a zero dim as one (so that
 /// strides fit too): a byte count of any dtype then fits in an int64.
 inline constexpr std::int64_t kMaxElements = (std::int64_t{1} << 60) - 1;

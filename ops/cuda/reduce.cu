@@ -2,9 +2,12 @@
 // commutative and associative (so CUB's order does not change the result):
 // sums accumulate in double (float) or wrap in int64 (integers); max, min
 // and argmax keep the first NaN and the lowest index on ties, as the CPU
-// does. Over one axis: one thread per output element walking the axis
-// (threads of a warp read neighbouring elements when the axis is not the
-// last); CUB's segmented reductions need contiguous segments.
+// does. Over the last axis: one warp per output element, its threads
+// reading neighbouring elements and combining with warp shuffles (the
+// combine is commutative and associative, so the tree's order gives the
+// same max, min and argmax, and sums within rounding of a double). Over any
+// other axis: one thread per output element walking the axis (threads of a
+// warp read neighbouring elements, one per output).
 #include "common.cuh"
 
 #include <cub/device/device_reduce.cuh>
@@ -108,6 +111,29 @@ __global__ void lanes_kernel(ReduceOp op, const T* x, O* y, std::int64_t outer, 
   }
 }
 
+// One warp per row: row r reduces x[r*len .. r*len + len) (len > 0).
+// Every thread of a warp has the same row, so the shuffles see all 32.
+template <class T, class O>
+__global__ void rows_kernel(ReduceOp op, const T* x, O* y, std::int64_t rows, std::int64_t len) {
+  const Combine<T> combine{op};
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const std::int64_t first = (blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x) / 32;
+  const std::int64_t warps = static_cast<std::int64_t>(blockDim.x) * gridDim.x / 32;
+  for (std::int64_t r = first; r < rows; r += warps) {
+    const T* p = x + r * len;
+    Item<T> acc{Acc<T>(0), T{}, -1};
+    for (std::int64_t l = lane; l < len; l += 32) acc = combine(acc, Item<T>{static_cast<Acc<T>>(p[l]), p[l], l});
+    for (int offset = 16; offset > 0; offset /= 2) {
+      Item<T> other;
+      other.sum = __shfl_down_sync(0xffffffffu, acc.sum, offset);
+      other.best = __shfl_down_sync(0xffffffffu, acc.best, offset);
+      other.index = __shfl_down_sync(0xffffffffu, acc.index, offset);
+      acc = combine(acc, other);  // lane 0 ends with the whole row's
+    }
+    if (lane == 0) y[r] = result<T, O>(op, acc, len);
+  }
+}
+
 }  // namespace
 
 void reduce(void* stream, ReduceOp op, const TensorView& a, bool all, int axis, const TensorView& out) {
@@ -134,6 +160,12 @@ void reduce(void* stream, ReduceOp op, const TensorView& a, bool all, int axis, 
         const T* x = static_cast<const T*>(a.data) + a.offset;
         O* y = static_cast<O*>(out.data) + out.offset;
         if (outer * inner == 0) return;
+        if (inner == 1 && outer > 1 && len > 0) {
+          detail::clear_last_error();
+          rows_kernel<T, O><<<detail::blocks_for(outer * 32), 256, 0, s>>>(op, x, y, outer, len);
+          detail::check_launch("reduce kernel (rows)");
+          return;
+        }
         if (outer * inner > 1 || len == 0) {
           detail::clear_last_error();
           lanes_kernel<T, O><<<detail::blocks_for(outer * inner), 256, 0, s>>>(op, x, y, outer, len, inner);

@@ -43,6 +43,10 @@ void EngineImpl::delete_var(Var v, bool by_owner) {
 
 void EngineImpl::add_edge(Node* pred, Node* n) {
   if (n->preds.contains(pred)) return;
+  // Done already: no edge, and no need for its lock, whose line the thread
+  // that completed it may still hold (acquire: pairs with the completion's
+  // store of kDone, after the node's effects, as the load under the lock).
+  if (pred->state.load(std::memory_order_acquire) == NodeState::kDone) return;
   std::lock_guard g(pred->lock);
   const NodeState st = pred->state.load(std::memory_order_acquire);
   if (st == NodeState::kDone) return;

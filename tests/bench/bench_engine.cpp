@@ -469,31 +469,45 @@ int main() {
   // C are measured alone (the host spins back to back; the node bodies
   // called inline), T with both; overlap_efficiency = (F + C) / T is 1 when
   // nothing overlaps and 2 when F = C overlap perfectly.
+  // F, C and T are measured back to back in each repeat and the efficiency
+  // is the median of the repeats' own ratios: measured apart, a change in
+  // the machine's speed between them made the figure meaningless.
   {
     const std::uint64_t iters = calibrate_spin(kOverlapUs);
-    const double host_total = median_seconds([&] {
+    auto host_run = [&] {
       auto t0 = Clock::now();
       for (int i = 0; i < kOverlapSteps; ++i) spin(iters);
       return since(t0);
-    });
-    const double node_total = median_seconds([&] {
+    };
+    auto node_run = [&] {
       const RunContext ctx{};
       auto body = [iters](const RunContext&) { spin(iters); };
       auto t0 = Clock::now();
       for (int i = 0; i < kOverlapSteps; ++i) body(ctx);
       return since(t0);
-    });
+    };
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
     for (const Run& run : policy_runs) {
       EngineOptions o = defaults;
       o.policy = run.policy;
       o.num_threads = run.num_threads;
       EngineBench b(o);
-      const double t = median_seconds([&] { return b.overlap(iters, iters); });
+      (void)b.overlap(iters, iters);  // warm-up
+      std::vector<double> host, node, total, efficiency;
+      for (int r = 0; r < lazydag::bench::repeats(7); ++r) {
+        host.push_back(host_run());
+        node.push_back(node_run());
+        total.push_back(b.overlap(iters, iters));
+        efficiency.push_back((host.back() + node.back()) / total.back());
+      }
       std::printf("bench=engine workload=overlap policy=%s threads=%d%s steps=%d F_us=%.1f C_us=%.1f "
                   "total_ms=%.2f overlap_efficiency=%.2f\n",
                   std::string(to_string(run.policy)).c_str(), b.eng.num_threads(),
-                  run.is_default ? " default=1" : "", kOverlapSteps, host_total / kOverlapSteps * 1e6,
-                  node_total / kOverlapSteps * 1e6, t * 1e3, (host_total + node_total) / t);
+                  run.is_default ? " default=1" : "", kOverlapSteps, median(host) / kOverlapSteps * 1e6,
+                  median(node) / kOverlapSteps * 1e6, median(total) * 1e3, median(efficiency));
     }
   }
 

@@ -55,12 +55,16 @@ void run_step(const FusedStep& s, const TensorView* const (&in)[3], const Tensor
 // Scratch memory of the calling thread for one call of a tile loop, kept
 // between calls; a call nested in another on the same thread (oneTBB may run
 // another chunk here while a large kernel inside a tile waits for its own
-// parallel loop) takes fresh memory instead.
+// parallel loop) takes fresh memory instead, and so does a call after the
+// thread's kept memory was destroyed: the engine runs what is still
+// recorded when the process exits, on the main thread, after its
+// thread_local objects are gone.
 class Scratch {
  public:
   explicit Scratch(std::size_t doubles) : nested_(busy()) {
     busy() = true;
-    std::vector<double>& mem = nested_ ? fresh_ : kept();
+    std::vector<double>* k = nested_ ? nullptr : kept();
+    std::vector<double>& mem = k != nullptr ? *k : fresh_;
     if (mem.size() < doubles) mem.resize(doubles);
     data_ = mem.data();
   }
@@ -72,9 +76,19 @@ class Scratch {
   [[nodiscard]] double* data() const { return data_; }
 
  private:
-  static std::vector<double>& kept() {
-    thread_local std::vector<double> mem;
-    return mem;
+  // The thread's kept memory, or null once the thread has destroyed it.
+  struct Kept {
+    std::vector<double> mem;
+    ~Kept() { gone() = true; }
+  };
+  static bool& gone() {
+    thread_local bool g = false;  // trivially destructible: usable to the end
+    return g;
+  }
+  static std::vector<double>* kept() {
+    if (gone()) return nullptr;
+    thread_local Kept k;
+    return &k.mem;
   }
   static bool& busy() {
     thread_local bool b = false;

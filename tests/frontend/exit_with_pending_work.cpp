@@ -1,7 +1,10 @@
 // A program that exits with recorded work never waited for, some of which
 // records more work while it runs, and with an array in static storage: all
 // of the work must run at exit and nothing may crash when the static array
-// is destroyed after the exit handlers.
+// is destroyed after the exit handlers. Among the pending work is a fused
+// expression with intermediates in scratch memory, on a thread whose kept
+// scratch was made by an earlier fused node and is destroyed (with the
+// thread's other thread_local objects) before the engine's exit handler runs.
 #include <lazydag/lazydag.hpp>
 
 #include <atomic>
@@ -17,6 +20,7 @@ std::atomic<int> nested{0};
 }  // namespace
 
 NDArray global_keep;  // destroyed after the engine's exit handler ran
+NDArray global_fused;
 
 int main() {
   // Registered first, so it runs last: after the engine waited at exit.
@@ -32,6 +36,11 @@ int main() {
     }
   });
   NDArray a = nd::random_uniform({200, 200}, cpu(), 1);
+  // Run (and waited for) here: its intermediates, dropped before the group
+  // is recorded, live in scratch memory.
+  NDArray warm = nd::relu(a * 2.0 - 1.0);
+  if (warm.sum().item<float>() < 0) return 1;
+  global_fused = nd::relu(a * 3.0 - 1.0) + 0.5;  // recorded as one fused node at exit
   global_keep = nd::matmul(a, a) + 1.0;
   for (int i = 0; i < 50; ++i) (void)(nd::exp(a) * 2.0);
   engine::Var v = nd::engine().new_var();

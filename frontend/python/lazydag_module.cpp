@@ -416,7 +416,7 @@ void def_operators(Class& arr) {
 // its dispatcher and argument casters, and a result cast that looks the
 // type up by name (hashing it) for every op: about 40% of a recorded
 // `y = y + 1` from Python. These slots take the common cases (array with
-// array, array with a Python float or int, either side) with the type
+// array, array with a number as the bound methods take it, either side) with the type
 // object and its pybind11 record looked up once; every other operand, and
 // any error, goes to the bound methods above, which give the same results
 // and the same exceptions. Ops refuse bad
@@ -441,23 +441,8 @@ struct ArraySlots : py::detail::type_caster_base<NDArray> {
   }
 };
 
-// A Python float or int (not bool's subclass distinction: bool is an int
-// in Python, as in the bound methods).
-bool exact_number(PyObject* o, double& v) {
-  if (PyFloat_CheckExact(o)) {
-    v = PyFloat_AS_DOUBLE(o);
-    return true;
-  }
-  if (PyLong_Check(o)) {
-    v = PyLong_AsDouble(o);
-    if (v == -1.0 && PyErr_Occurred()) {
-      PyErr_Clear();
-      return false;
-    }
-    return true;
-  }
-  return false;
-}
+// A number operand, as the bound methods take it (classify, above).
+bool is_number(PyObject* o, double& v) { return classify(py::handle(o), v) == Operand::kNumber; }
 
 // The bound methods, for what the fast paths do not take: a.name(b), then
 // b.reflected(a) when that was NotImplemented (reflected null: in place).
@@ -478,9 +463,9 @@ PyObject* fast_binary(PyObject* a, PyObject* b, const char* name, const char* re
     double v = 0;
     if (const NDArray* x = ArraySlots::of(a)) {
       if (const NDArray* y = ArraySlots::of(b)) return ArraySlots::wrap(array_op(*x, *y));
-      if (exact_number(b, v)) return ArraySlots::wrap(number_right(*x, v));
+      if (is_number(b, v)) return ArraySlots::wrap(number_right(*x, v));
     } else if (const NDArray* y = ArraySlots::of(b)) {
-      if (exact_number(a, v)) return ArraySlots::wrap(number_left(v, *y));
+      if (is_number(a, v)) return ArraySlots::wrap(number_left(v, *y));
     }
   } catch (...) {
     // the bound method raises it as Python sees it
@@ -499,7 +484,7 @@ PyObject* fast_inplace(PyObject* a, PyObject* b, const char* name, ArrayOp array
         Py_INCREF(a);
         return a;
       }
-      if (exact_number(b, v)) {
+      if (is_number(b, v)) {
         number_op(*target, v);
         Py_INCREF(a);
         return a;

@@ -165,24 +165,74 @@ class EngineImpl {
   std::vector<Node*> scratch_;       // recorder lock: traversal stack
 
   // Unfinished nodes, counted by the parity of the waitall epoch they were
-  // recorded in. A waitall flips the epoch (recorder lock) and waits for the
-  // old parity's count to reach 0: every node recorded before it is then
-  // done. (Nodes recorded after a second, concurrent waitall's flip share
-  // that count: the first waitall may wait for them too, never too little.)
+  // recorded in: recorded minus completed. A waitall flips the epoch
+  // (recorder lock) and waits until the old parity's completed count equals
+  // its recorded count: every node recorded before it is then done. (Nodes
+  // recorded after a second, concurrent waitall's flip share that parity:
+  // the first waitall may wait for them too, never too little.)
+  //
+  // The recorder writes only `rec_` and the completers only `done_`: one
+  // counter that both sides modify moved a cache line between the recording
+  // core and the worker's core twice per node (a tenth of chain_async's
+  // samples). The recorder checks its windows against a stale copy of the
+  // completed counts, a lower bound, so the difference it computes is an
+  // upper bound; it reloads them only when that bound passes a limit.
+  struct alignas(64) RecordedCounts {
+    std::array<std::atomic<std::int64_t>, 2> by_epoch{};  // written under the recorder lock
+    std::atomic<std::size_t> bytes{0};                    // cost_bytes recorded (eager's byte window)
+    std::atomic<std::uint64_t> nodes{0};
+    std::atomic<std::size_t> peak_unfinished{0};
+    // Recorder lock: copies of done_'s totals, reloaded when needed.
+    std::int64_t seen_done = 0;
+    std::size_t seen_done_bytes = 0;
+    std::uint32_t since_sample = 0;
+  };
+  struct alignas(64) CompletedCounts {
+    std::array<std::atomic<std::int64_t>, 2> by_epoch{};
+    std::atomic<std::size_t> bytes{0};
+  };
   std::uint64_t waitall_epoch_ = 0;  // recorder lock
-  std::array<std::atomic<std::int64_t>, 2> unfinished_by_epoch_{};
-  // The cost_bytes of unfinished nodes (eager's byte window).
-  std::atomic<std::size_t> unfinished_bytes_{0};
+  RecordedCounts rec_;
+  CompletedCounts done_;
+  // Exact counts (any thread): completed read first, so the difference is
+  // never below the number unfinished when the completed count was read.
+  [[nodiscard]] std::int64_t unfinished_in(std::size_t parity) const noexcept {
+    const std::int64_t d = done_.by_epoch[parity].load(std::memory_order_seq_cst);
+    return rec_.by_epoch[parity].load(std::memory_order_seq_cst) - d;
+  }
+  [[nodiscard]] std::size_t unfinished() const noexcept {
+    const std::int64_t d = done_.by_epoch[0].load(std::memory_order_seq_cst) +
+                           done_.by_epoch[1].load(std::memory_order_seq_cst);
+    return static_cast<std::size_t>(rec_.by_epoch[0].load(std::memory_order_seq_cst) +
+                                    rec_.by_epoch[1].load(std::memory_order_seq_cst) - d);
+  }
+  [[nodiscard]] std::size_t unfinished_bytes() const noexcept {
+    const std::size_t d = done_.bytes.load(std::memory_order_seq_cst);
+    return rec_.bytes.load(std::memory_order_seq_cst) - d;
+  }
   // Past `factor` times the window (count or bytes): a frontend stalls.
+  // Exact; any thread.
   [[nodiscard]] bool over_window(std::size_t factor) const noexcept {
     return (options_.max_pending != 0 && unfinished() > factor * options_.max_pending) ||
            (options_.policy == Policy::kEager && options_.max_pending_bytes != 0 &&
-            unfinished_bytes_.load(std::memory_order_seq_cst) > factor * options_.max_pending_bytes);
+            unfinished_bytes() > factor * options_.max_pending_bytes);
   }
-  [[nodiscard]] std::size_t unfinished() const noexcept {
-    return static_cast<std::size_t>(unfinished_by_epoch_[0].load(std::memory_order_seq_cst) +
-                                    unfinished_by_epoch_[1].load(std::memory_order_seq_cst));
-  }
+  // The same from the recorder's copies (recorder lock): reloads them only
+  // when the upper bound they give is past the window, and every
+  // kPeakSample records to sample the peak.
+  bool recorder_over_window(std::size_t factor) noexcept;
+  static constexpr std::uint32_t kPeakSample = 64;
+
+  // Statistics of completions, one cache line per shard; a thread keeps to
+  // one shard (relaxed: statistics).
+  struct alignas(64) RunCounts {
+    std::atomic<std::uint64_t> run{0};
+    std::atomic<std::uint64_t> failed{0};
+    std::atomic<std::uint64_t> skipped{0};
+  };
+  static constexpr std::size_t kRunShards = 8;
+  std::array<RunCounts, kRunShards> run_counts_;
+  RunCounts& run_counts() noexcept;
 
   // Functions that ran on a worker or device thread, waiting to be
   // destroyed by a frontend thread (see bury()).
@@ -208,13 +258,8 @@ class EngineImpl {
   std::vector<ErrorPtr> unreported_;
 
   // Counters (relaxed: statistics).
-  std::atomic<std::uint64_t> nodes_recorded_{0};
-  std::atomic<std::uint64_t> nodes_run_{0};
-  std::atomic<std::uint64_t> nodes_failed_{0};
-  std::atomic<std::uint64_t> nodes_skipped_{0};
   std::atomic<std::uint64_t> nodes_launched_{0};
   std::atomic<std::uint64_t> in_flight_stalls_{0};
-  std::atomic<std::size_t> peak_unfinished_{0};
   std::array<std::atomic<std::uint64_t>, kBlockingCallKinds> blocking_calls_{};
   std::atomic<std::uint64_t> blocked_ns_{0};
 

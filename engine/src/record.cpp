@@ -95,18 +95,43 @@ void EngineImpl::link(Node* n, std::span<VarState* const> pure_reads,
   }
 }
 
+bool EngineImpl::recorder_over_window(std::size_t factor) noexcept {
+  const std::int64_t recorded =
+      rec_.by_epoch[0].load(std::memory_order_relaxed) + rec_.by_epoch[1].load(std::memory_order_relaxed);
+  const std::size_t recorded_bytes = rec_.bytes.load(std::memory_order_relaxed);
+  const bool count_window = options_.max_pending != 0;
+  const bool byte_window = options_.policy == Policy::kEager && options_.max_pending_bytes != 0;
+  auto over = [&] {
+    return (count_window && static_cast<std::size_t>(recorded - rec_.seen_done) > factor * options_.max_pending) ||
+           (byte_window && recorded_bytes - rec_.seen_done_bytes > factor * options_.max_pending_bytes);
+  };
+  // factor 0: a sample for the peak; otherwise reload only when the upper
+  // bound is past the window.
+  if (factor != 0 && !over()) return false;
+  rec_.since_sample = 0;
+  rec_.seen_done = done_.by_epoch[0].load(std::memory_order_seq_cst) +
+                   done_.by_epoch[1].load(std::memory_order_seq_cst);
+  rec_.seen_done_bytes = done_.bytes.load(std::memory_order_seq_cst);
+  const auto live = static_cast<std::size_t>(recorded - rec_.seen_done);
+  if (live > rec_.peak_unfinished.load(std::memory_order_relaxed)) {
+    rec_.peak_unfinished.store(live, std::memory_order_relaxed);
+  }
+  return factor != 0 && over();
+}
+
 void EngineImpl::record(Node* n) {
   n->seq = next_seq_++;
   NodePool::retain(n);  // the unfinished ref, dropped by its completion
   n->live = true;
   n->epoch = static_cast<std::uint8_t>(waitall_epoch_ & 1);
-  unfinished_by_epoch_[n->epoch].fetch_add(1, std::memory_order_relaxed);
-  if (n->cost_bytes != 0) unfinished_bytes_.fetch_add(n->cost_bytes, std::memory_order_relaxed);
-  const std::size_t live = unfinished();
-  if (live > peak_unfinished_.load(std::memory_order_relaxed)) {
-    peak_unfinished_.store(live, std::memory_order_relaxed);  // recorders are serialised
+  // Recorders are serialised: load and store, no read-modify-write.
+  auto& recorded = rec_.by_epoch[n->epoch];
+  recorded.store(recorded.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+  if (n->cost_bytes != 0) {
+    rec_.bytes.store(rec_.bytes.load(std::memory_order_relaxed) + n->cost_bytes, std::memory_order_release);
   }
-  nodes_recorded_.fetch_add(1, std::memory_order_relaxed);
+  rec_.nodes.store(rec_.nodes.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  if (++rec_.since_sample >= kPeakSample) recorder_over_window(0);  // samples the peak
   switch (options_.policy) {
     case Policy::kNaive:
       return;  // requested by the wait in push, or at once when recorded by a running op
@@ -271,7 +296,7 @@ void EngineImpl::push(Function fn, std::span<const Var> reads, std::span<const V
     if (options_.max_pending != 0) {
       while (unreq_count_ > options_.max_pending) request(unreq_head_);
     }
-    throttle = !in_op && over_window(2);
+    throttle = !in_op && recorder_over_window(2);
   }
   const bool run_now = naive && !in_op;
   if (run_now) NodePool::retain(n);

@@ -384,20 +384,27 @@ void EngineImpl::trace(const Node* n) const {
 // Marks `n` done: successors lose one pending input (the first made ready
 // is returned for bypass), predecessors and vars lose a hold, waits for it
 // are woken. The caller keeps a ref of its own on `n`.
+EngineImpl::RunCounts& EngineImpl::run_counts() noexcept {
+  static std::atomic<std::size_t> next_shard{0};
+  thread_local const std::size_t shard = next_shard.fetch_add(1, std::memory_order_relaxed) % kRunShards;
+  return run_counts_[shard];
+}
+
 Node* EngineImpl::complete(Node* n, Bypass bypass) {
   if (n->t_end != 0) {
     trace(n);
     n->t_push = n->t_ready = n->t_start = n->t_end = n->t_launch_start = n->t_launch_end = 0;
   }
+  RunCounts& counts = run_counts();
   if (n->failed) {
-    nodes_run_.fetch_add(1, std::memory_order_relaxed);
-    nodes_failed_.fetch_add(1, std::memory_order_relaxed);
+    counts.run.fetch_add(1, std::memory_order_relaxed);
+    counts.failed.fetch_add(1, std::memory_order_relaxed);
     std::lock_guard g(errors_mu_);
     unreported_.push_back(n->error);
   } else if (n->error) {
-    nodes_skipped_.fetch_add(1, std::memory_order_relaxed);
+    counts.skipped.fetch_add(1, std::memory_order_relaxed);
   } else {
-    nodes_run_.fetch_add(1, std::memory_order_relaxed);
+    counts.run.fetch_add(1, std::memory_order_relaxed);
   }
   Node* next = nullptr;
   {
@@ -418,11 +425,17 @@ Node* EngineImpl::complete(Node* n, Bypass bypass) {
   }
   for (VarState* v : n->reads) vars_.drop(v);
   for (VarState* v : n->writes) vars_.drop(v);
-  if (n->cost_bytes != 0) unfinished_bytes_.fetch_sub(n->cost_bytes, std::memory_order_seq_cst);
-  // seq_cst: a waitall raises all_waiters_ and then reads the count.
-  const bool epoch_drained = unfinished_by_epoch_[n->epoch].fetch_sub(1, std::memory_order_seq_cst) == 1;
+  if (n->cost_bytes != 0) done_.bytes.fetch_add(n->cost_bytes, std::memory_order_seq_cst);
+  // seq_cst: a waitall raises all_waiters_ and then compares the counts.
+  // Only then is the recorded count read (the recorder's cache line): the
+  // completion that makes the counts equal wakes it. Every completion
+  // counted here was recorded before, so the completed count never passes
+  // the recorded one.
+  const std::int64_t completed = done_.by_epoch[n->epoch].fetch_add(1, std::memory_order_seq_cst) + 1;
+  const bool epoch_drained = all_waiters_.load(std::memory_order_seq_cst) != 0 &&
+                             completed == rec_.by_epoch[n->epoch].load(std::memory_order_seq_cst);
   if (n->waiters.load(std::memory_order_seq_cst) != 0 ||
-      (epoch_drained && all_waiters_.load(std::memory_order_seq_cst) != 0) ||
+      epoch_drained ||
       (throttle_waiters_.load(std::memory_order_seq_cst) != 0 && !over_window(1))) {
     wake_waiters();
   }

@@ -516,7 +516,7 @@ void EngineImpl::wait_all_recorded(bool watchdog) {
     while (unreq_tail_ != nullptr) request(unreq_tail_);
   }
   const bool finished = help_until(
-      tag, [&] { return unfinished_by_epoch_[slot].load(std::memory_order_seq_cst) == 0; }, watchdog);
+      tag, [&] { return unfinished_in(slot) == 0; }, watchdog);
   unregister_waiter(tag, WaitMode::kAll);
   drain_graveyard();
   if (!finished) {
@@ -541,14 +541,16 @@ void EngineImpl::wait_all_recorded(bool watchdog) {
 
 EngineStats EngineImpl::stats() const {
   EngineStats s;
-  s.nodes_recorded = nodes_recorded_.load(std::memory_order_relaxed);
-  s.nodes_run = nodes_run_.load(std::memory_order_relaxed);
-  s.nodes_failed = nodes_failed_.load(std::memory_order_relaxed);
-  s.nodes_skipped = nodes_skipped_.load(std::memory_order_relaxed);
+  s.nodes_recorded = rec_.nodes.load(std::memory_order_relaxed);
+  for (const RunCounts& c : run_counts_) {
+    s.nodes_run += c.run.load(std::memory_order_relaxed);
+    s.nodes_failed += c.failed.load(std::memory_order_relaxed);
+    s.nodes_skipped += c.skipped.load(std::memory_order_relaxed);
+  }
   s.nodes_launched = nodes_launched_.load(std::memory_order_relaxed);
   s.in_flight_stalls = in_flight_stalls_.load(std::memory_order_relaxed);
   s.unfinished = unfinished();
-  s.peak_unfinished = peak_unfinished_.load(std::memory_order_relaxed);
+  s.peak_unfinished = rec_.peak_unfinished.load(std::memory_order_relaxed);
   for (std::size_t k = 0; k < kBlockingCallKinds; ++k) {
     s.blocking_calls[k] = blocking_calls_[k].load(std::memory_order_relaxed);
     s.blocking_waits += s.blocking_calls[k];

@@ -201,6 +201,10 @@ void EngineImpl::run_everything(const char* when) noexcept {
 
 EngineImpl::~EngineImpl() {
   run_everything("engine destroyed");
+  {
+    RecLock lk(record_mu_);
+    vars_.sweep();  // every node is done: frees the deleted vars' slots and node refs
+  }
   // Worker tasks leave within their idle spin; wait for the last to return.
   while (live_tasks_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
   // Joins the emulated executors (a completion may still be finishing).

@@ -41,14 +41,17 @@ struct VarState {
   SmallVector<Node*, 4> readers;  // [rec] reads since last_writer, one ref each
   std::uint32_t prune_at = 8;     // [rec] readers.size() at which finished readers are dropped
   std::uint32_t next_free = 0;    // free stack link: index + 1 of the next free slot
-  // Unfinished accesses + 1 while alive. Whoever takes it to 0 (delete_var,
-  // or the completion of the last access after it) frees the slot; nobody
-  // else can reach a var that is dead and idle, so that thread owns it.
+  // 1 while alive, + 1 per unfinished access by a stream-device node.
+  // Whoever takes it to 0 (the recorder, once the var is dead and the CPU
+  // nodes it names are done; or the completion of the last stream access)
+  // frees the slot; nobody else can reach a var that is dead and idle.
   std::atomic<std::uint32_t> holds{0};
   // Written by the running writer, read by running readers of that version:
   // the DAG orders them (a reader starts after its writer's completion
-  // released `pending`; the next writer after every reader's).
-  ErrorPtr poison;
+  // released `pending`; the next writer after every reader's). On a cache
+  // line of its own: the running nodes read it while the recorder writes
+  // the fields above for the next pushes.
+  alignas(64) ErrorPtr poison;
 };
 
 // kLaunched: a stream-device node enqueued on its stream, not yet complete.

@@ -28,8 +28,8 @@ Var EngineImpl::new_var(const char* owner) {
   return vars_.create(owner);
 }
 
-// The var is refused from now on; its slot is recycled when its last hold
-// goes: at once when no access is pending, else at the last completion.
+// The var is refused from now on; its slot is recycled once no access is
+// pending (var_table.hpp).
 void EngineImpl::delete_var(Var v, bool by_owner) {
   RecLock lk(record_mu_);
   VarState* s = vars_.find(v, "delete_var");
@@ -37,8 +37,7 @@ void EngineImpl::delete_var(Var v, bool by_owner) {
     throw InvalidArgument("delete_var: var #" + std::to_string(v.index) + " belongs to " + s->owner +
                           ", which deletes it when its last handle goes");
   }
-  s->alive = false;
-  vars_.drop(s);
+  vars_.retire(s);
 }
 
 void EngineImpl::add_edge(Node* pred, Node* n) {
@@ -271,11 +270,11 @@ void EngineImpl::push(Function fn, std::span<const Var> reads, std::span<const V
   n->pending.store(2, std::memory_order_relaxed);
   for (VarState* s : rs) {
     n->reads.push_back(s);
-    VarTable::hold(s);
+    if (sdev != nullptr) VarTable::hold(s);
   }
   for (VarState* s : ws) {
     n->writes.push_back(s);
-    VarTable::hold(s);
+    if (sdev != nullptr) VarTable::hold(s);
   }
   link(n, std::span<VarState* const>(pure_reads.begin(), pure_reads.size()),
        std::span<VarState* const>(ws.begin(), ws.size()));

@@ -305,7 +305,12 @@ void EngineImpl::execute(Node* n, const RunContext& ctx) {
       n->writes[j]->poison = n->write_errors[j];
     }
   } else {
-    for (VarState* v : n->writes) v->poison = err;  // a successful write clears it
+    // A successful write clears it. Stored only when it changes: the var's
+    // line is the recorder's too, and a store of null over null moved it to
+    // this core on every node.
+    for (VarState* v : n->writes) {
+      if (v->poison != err) v->poison = err;
+    }
   }
   if ((ctx.worker_index >= 0 || ctx.stream_device != nullptr) && !n->fn.trivially_destructible()) {
     bury(n);  // a worker or device thread: the frontend destroys the captures
@@ -423,8 +428,10 @@ Node* EngineImpl::complete(Node* n, Bypass bypass) {
     for (Node* p : n->preds) pool_.release(p);
     n->preds.clear();
   }
-  for (VarState* v : n->reads) vars_.drop(v);
-  for (VarState* v : n->writes) vars_.drop(v);
+  if (n->sdev != nullptr) {  // only stream-device nodes hold their vars (var_table.hpp)
+    for (VarState* v : n->reads) vars_.drop(v);
+    for (VarState* v : n->writes) vars_.drop(v);
+  }
   if (n->cost_bytes != 0) done_.bytes.fetch_add(n->cost_bytes, std::memory_order_seq_cst);
   // seq_cst: a waitall raises all_waiters_ and then compares the counts.
   // Only then is the recorded count read (the recorder's cache line): the

@@ -1,12 +1,27 @@
 // The var table: slots for engine variables, handed out and checked by the
 // recorder (under the recorder lock), freed by whichever thread drops a
-// var's last hold (delete_var, or the completion of its last access).
+// var's last hold.
+//
+// A deleted var keeps its slot until no access is pending. CPU nodes take
+// no hold: the recorder frees the slot of a deleted var once the nodes the
+// var names (its last writer and the readers since) are done, at once or in
+// a later sweep of the deleted vars still busy. Every earlier CPU access is
+// done by then (each is a predecessor of the last writer, or was done when
+// that was recorded), and a done CPU node touches its vars no more. A
+// completion therefore never writes the var's line, which the recorder
+// writes on every push that names the var: a hold taken by one and dropped
+// by the other moved it between the two cores twice per node. Stream-device
+// nodes do take a hold per access, dropped at completion: their launch
+// edges are satisfied at launch, so an earlier access on another stream may
+// report its completion (and its error, into the var's poison) after the
+// last writer's.
 #pragma once
 
 #include <lazydag/engine/error.hpp>
 
 #include <atomic>
 #include <cstdint>
+#include <algorithm>
 #include <limits>
 #include <memory>
 #include <string>
@@ -68,8 +83,49 @@ class VarTable {
                           std::to_string(v.generation) + " was never created by this engine)");
   }
 
-  /// One more unfinished access of a live var. Recorder lock held.
+  /// One more unfinished access of a live var by a stream-device node.
+  /// Recorder lock held.
   static void hold(VarState* s) noexcept { s->holds.fetch_add(1, std::memory_order_relaxed); }
+
+  /// Deletes a live var (recorder lock held): refused from now on, its slot
+  /// freed once no access is pending.
+  void retire(VarState* s) {
+    s->alive = false;
+    if (idle(s)) {
+      drop(s);  // the liveness hold; the last stream access frees it if one is pending
+      return;
+    }
+    busy_.push_back(s);
+    if (busy_.size() >= sweep_at_) sweep();
+  }
+
+  /// Frees the deleted vars whose accesses are done (recorder lock held).
+  /// Swept when their number doubles since the last sweep: amortised O(1)
+  /// per deletion.
+  void sweep() noexcept {
+    std::size_t kept = 0;
+    for (VarState* s : busy_) {
+      if (idle(s)) {
+        drop(s);
+      } else {
+        busy_[kept++] = s;
+      }
+    }
+    busy_.resize(kept);
+    sweep_at_ = std::max<std::size_t>(kMinSweep, 2 * kept);
+  }
+
+  /// The nodes a var names are done (recorder lock; acquire: after their
+  /// last access to it).
+  static bool idle(const VarState* s) noexcept {
+    if (s->last_writer != nullptr && s->last_writer->state.load(std::memory_order_acquire) != NodeState::kDone) {
+      return false;
+    }
+    for (const Node* r : s->readers) {
+      if (r->state.load(std::memory_order_acquire) != NodeState::kDone) return false;
+    }
+    return true;
+  }
 
   /// Drops a hold; the last one frees the slot. Any thread.
   void drop(VarState* s) noexcept {
@@ -90,6 +146,7 @@ class VarTable {
 
  private:
   static constexpr std::uint32_t kChunk = 4096;
+  static constexpr std::size_t kMinSweep = 64;
   VarState& slot(std::uint32_t index) { return chunks_[index / kChunk][index % kChunk]; }
 
   NodePool& pool_;
@@ -98,6 +155,8 @@ class VarTable {
   std::uint32_t count_ = 0;                          // recorder lock
   std::uint32_t free_ = 0;                           // recorder lock: index + 1
   std::atomic<std::uint32_t> returned_{0};           // freed slots, pushed by any thread
+  std::vector<VarState*> busy_;                      // recorder lock: deleted, accesses pending
+  std::size_t sweep_at_ = kMinSweep;                 // recorder lock
 };
 
 }  // namespace lazydag::engine::detail

@@ -92,7 +92,7 @@ class VarTable {
   void retire(VarState* s) {
     s->alive = false;
     if (idle(s)) {
-      drop(s);  // the liveness hold; the last stream access frees it if one is pending
+      drop_here(s);  // the liveness hold; the last stream access frees it if one is pending
       return;
     }
     busy_.push_back(s);
@@ -106,7 +106,7 @@ class VarTable {
     std::size_t kept = 0;
     for (VarState* s : busy_) {
       if (idle(s)) {
-        drop(s);
+        drop_here(s);
       } else {
         busy_[kept++] = s;
       }
@@ -130,13 +130,7 @@ class VarTable {
   /// Drops a hold; the last one frees the slot. Any thread.
   void drop(VarState* s) noexcept {
     if (s->holds.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-    // Dead (the liveness hold is gone) and idle: nobody else can reach it.
-    if (s->last_writer != nullptr) pool_.release(s->last_writer);
-    s->last_writer = nullptr;
-    for (Node* r : s->readers) pool_.release(r);
-    s->readers.shrink_if_large(64);
-    s->prune_at = 8;
-    s->poison.reset();
+    clear(s);
     std::uint32_t head = returned_.load(std::memory_order_relaxed);
     do {
       s->next_free = head;
@@ -145,6 +139,25 @@ class VarTable {
   }
 
  private:
+  /// The recorder's drop (recorder lock held): a slot freed here goes
+  /// straight to the recorder's own free list.
+  void drop_here(VarState* s) noexcept {
+    if (s->holds.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    clear(s);
+    s->next_free = free_;
+    free_ = s->handle.index + 1;
+  }
+
+  // Dead (the liveness hold is gone) and idle: nobody else can reach it.
+  void clear(VarState* s) noexcept {
+    if (s->last_writer != nullptr) pool_.release(s->last_writer);
+    s->last_writer = nullptr;
+    for (Node* r : s->readers) pool_.release(r);
+    s->readers.shrink_if_large(64);
+    s->prune_at = 8;
+    if (s->poison) s->poison.reset();  // its line stays shared with the readers when clean
+  }
+
   static constexpr std::uint32_t kChunk = 4096;
   static constexpr std::size_t kMinSweep = 64;
   VarState& slot(std::uint32_t index) { return chunks_[index / kChunk][index % kChunk]; }

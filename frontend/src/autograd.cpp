@@ -53,6 +53,9 @@ struct AutogradMeta {
   std::mutex lock;                    // a leaf's gradient
   NDArray grad;
   std::function<void()> hook;         // after each accumulation (set_grad_hook)
+  // The storage's grad_generation when this record was made: a handle whose
+  // storage has been written in place with a gradient since is stale.
+  std::uint64_t generation = 0;
 };
 
 namespace {
@@ -66,6 +69,9 @@ struct Edge {
   Shape shape;
   DType dtype;
   Device device;
+  // The input was a view taken before an in-place write (with a gradient)
+  // to its storage: its record leads to the values before the write.
+  bool stale = false;
 };
 
 struct Saved {
@@ -123,11 +129,14 @@ void attach(const char* op, const NDArray& out, std::span<const NDArray* const> 
   node->inputs.reserve(inputs.size());
   for (const NDArray* x : inputs) {
     const ArrayState& s = st(*x);
-    node->inputs.push_back(Edge{wants_grad(*x) ? s.autograd : nullptr, s.shape, s.dtype, x->device()});
+    const bool wants = wants_grad(*x);
+    node->inputs.push_back(Edge{wants ? s.autograd : nullptr, s.shape, s.dtype, x->device(),
+                                wants && s.autograd->generation != grad_generation(s)});
   }
   for (const NDArray& s : saved) node->saved.push_back(Saved{s.detach(), storage_version(st(s))});
   node->derivative = std::move(derivative);
   auto meta = std::make_shared<AutogradMeta>();
+  meta->generation = grad_generation(st(out));
   meta->grad_fn = std::move(node);
   st(out).autograd = std::move(meta);
 }
@@ -457,6 +466,76 @@ void set_grad_hook_impl(const NDArray& leaf, std::function<void()> hook) {
   s.autograd->hook = std::move(hook);
 }
 
+bool inplace_wanted(const ArrayState& target, std::initializer_list<const NDArray*> sources) noexcept {
+  if (!autograd::is_grad_enabled()) return false;
+  if (target.autograd && target.autograd->requires_grad) return true;
+  // A target outside the graph joins it when the write covers it; through
+  // a view it stores the values only (a log buffer's slot, say).
+  if (!covers_storage(target)) return false;
+  for (const NDArray* x : sources) {
+    if (wants_grad(*x)) return true;
+  }
+  return false;
+}
+
+void check_rebase(const ArrayState& target, const char* op) {
+  if (target.autograd && target.autograd->requires_grad && !target.autograd->grad_fn) {
+    check_inplace(target, op);  // a leaf that requires grad: refused, saying why
+  }
+  if (!covers_storage(target)) {
+    throw InvalidArgument(std::string(op) +
+                          ": an in-place write with a gradient must cover its whole array; writes "
+                          "through a view (a slice, a transpose, a broadcast) are not differentiable "
+                          "(build the result out of place, e.g. with concat or where)");
+  }
+}
+
+// The new history of `target`: `record` (the new values' record, or null)
+// becomes its autograd record, and every older handle of its storage stale.
+void adopt(const ArrayState& target, std::shared_ptr<AutogradMeta> record) {
+  const std::uint64_t gen = bump_grad_generation(target);
+  if (record) record->generation = gen;
+  target.autograd = std::move(record);
+}
+
+void rebase(const NDArray& target, const NDArray& result) {
+  const ArrayState& t = st(target);
+  const ArrayState& r = st(result);
+  if (r.autograd && r.autograd->grad_fn) {
+    // What the derivative saved from the target's buffer is about to be
+    // overwritten: it keeps a copy, recorded before the write.
+    autograd::NoGradGuard no_grad;
+    for (Saved& sv : r.autograd->grad_fn->saved) {
+      if (st(sv.array).storage == t.storage) {
+        sv.array = sv.array.copy();
+        sv.version = storage_version(st(sv.array));
+      }
+    }
+  }
+  {
+    autograd::NoGradGuard no_grad;
+    NDArray(target).assign(result);
+  }
+  adopt(t, r.autograd && r.autograd->requires_grad ? r.autograd : nullptr);
+}
+
+void assign(const NDArray& target, const NDArray& source) {
+  const ArrayState& t = st(target);
+  if (!wants_grad(source) || !is_floating(source.dtype()) || !is_floating(t.dtype)) {
+    adopt(t, nullptr);  // constant values now
+    return;
+  }
+  const DType type = source.dtype();
+  const Device dev = source.device();
+  const Shape shape = source.shape();
+  // attach() gives the target a new record; the edge to the source is made
+  // from the source's current one.
+  attach("assign", target, {&source}, {}, [type, dev, shape](const NDArray& g, auto&, auto&) {
+    return std::vector<NDArray>{fit(as_dtype(g, type).as_in_device(dev), shape)};
+  });
+  adopt(t, t.autograd);
+}
+
 void check_inplace(const ArrayState& s, const char* op) {
   if (!autograd::is_grad_enabled()) return;
   if (!s.autograd || !s.autograd->requires_grad) return;
@@ -496,6 +575,7 @@ NDArray& NDArray::requires_grad(bool on) {
   if (on) {
     if (!s->autograd) {
       s->autograd = std::make_shared<AutogradMeta>();
+      s->autograd->generation = detail::grad_generation(*s);
     } else {
       s->autograd->requires_grad = true;
     }
@@ -553,31 +633,30 @@ void NDArray::backward(const NDArray& gradient, bool retain_graph) const {
         "backward: the array does not require grad (no input of the ops that made it had "
         "requires_grad(true), or they were recorded under NoGradGuard)");
   }
-  NDArray g;
-  {
-    autograd::NoGradGuard no_grad;
-    if (!gradient.valid()) {
-      if (size() != 1) {
-        throw InvalidArgument("backward: an array of shape " + to_string(s->shape) +
-                              " needs its gradient passed (it may be omitted only for one element)");
-      }
-      g = nd::ones(s->shape, s->dtype, device());
-    } else {
-      if (gradient.shape() != s->shape || gradient.dtype() != s->dtype) {
-        throw InvalidArgument("backward: the gradient (" + std::string(to_string(gradient.dtype())) + " " +
-                              to_string(gradient.shape()) + ") must match the array (" +
-                              std::string(to_string(s->dtype)) + " " + to_string(s->shape) + ")");
-      }
-      if (!(gradient.device() == device())) {
-        throw DeviceMismatch("backward: the gradient lives on " + gradient.device().str() +
-                             " and the array on " + device().str());
-      }
-      g = gradient;
+  if (!gradient.valid()) {
+    if (size() != 1) {
+      throw InvalidArgument("backward: an array of shape " + to_string(s->shape) +
+                            " needs its gradient passed (it may be omitted only for one element)");
+    }
+  } else {
+    if (gradient.shape() != s->shape || gradient.dtype() != s->dtype) {
+      throw InvalidArgument("backward: the gradient (" + std::string(to_string(gradient.dtype())) + " " +
+                            to_string(gradient.shape()) + ") must match the array (" +
+                            std::string(to_string(s->dtype)) + " " + to_string(s->shape) + ")");
+    }
+    if (!(gradient.device() == device())) {
+      throw DeviceMismatch("backward: the gradient lives on " + gradient.device().str() + " and the array on " +
+                           device().str());
     }
   }
+  // The seed, recorded only once every check has passed.
+  auto seed = [&] {
+    autograd::NoGradGuard no_grad;
+    return gradient.valid() ? gradient : nd::ones(s->shape, s->dtype, device());
+  };
   std::lock_guard lock(detail::g_backward);
   if (!root->grad_fn) {  // a leaf: its gradient is g
-    detail::accumulate(*root, g);
+    detail::accumulate(*root, seed());
     return;
   }
   // The walk: every node reachable from the root and how many consumers
@@ -604,6 +683,13 @@ void NDArray::backward(const NDArray& gradient, bool retain_graph) const {
       }
     }
     for (const auto& e : n->inputs) {
+      if (e.stale) {
+        throw InvalidArgument(std::string("backward: '") + n->op + "' read an array of shape " +
+                              to_string(e.shape) +
+                              " through a handle made before its buffer was written in place with a "
+                              "gradient; its gradient would reach the values before that write (make "
+                              "the view again after the write)");
+      }
       if (!e.meta || !e.meta->grad_fn) continue;
       GradNode* c = e.meta->grad_fn.get();
       auto [it, fresh] = consumers.try_emplace(c, 0);
@@ -611,6 +697,7 @@ void NDArray::backward(const NDArray& gradient, bool retain_graph) const {
       if (fresh) stack.push_back(c);
     }
   }
+  const NDArray g = seed();
   autograd::NoGradGuard no_grad;
   auto later = [](const GradNode* a, const GradNode* b) { return a->seq < b->seq; };
   std::priority_queue<GradNode*, std::vector<GradNode*>, decltype(later)> ready(later);

@@ -39,8 +39,25 @@ void take_along_last(const NDArray& a, const NDArray& indices, const NDArray& ou
 void take(const NDArray& a, const NDArray& indices, const NDArray& out);
 
 /// Refuses (InvalidArgument naming `op`) an in-place write of an array in
-/// the gradient graph while grad mode is on.
+/// the gradient graph while grad mode is on (host ops).
 void check_inplace(const ArrayState& target, const char* op);
+
+/// In place with a gradient. Grad mode is on and the target requires grad,
+/// or a source does and the write covers the target's buffer (a write
+/// through a view into an array outside the graph stores values only).
+[[nodiscard]] bool inplace_wanted(const ArrayState& target, std::initializer_list<const NDArray*> sources) noexcept;
+/// Refuses (InvalidArgument naming `op`) a target that is a leaf requiring
+/// grad, or a view that does not cover its buffer.
+void check_rebase(const ArrayState& target, const char* op);
+/// `result`, computed out of place (with its backward node), is written
+/// into `target`, which takes its autograd record: the in-place op's
+/// gradient is the out-of-place op's. Arrays the derivative saved from the
+/// target's buffer are copied first; handles made before from the same
+/// buffer become stale (backward refuses them).
+void rebase(const NDArray& target, const NDArray& result);
+/// After target.assign(source) was recorded: the target's record becomes
+/// the source's values (a gradient summed back to the source's shape).
+void assign(const NDArray& target, const NDArray& source);
 
 }  // namespace lazydag::detail::grad
 

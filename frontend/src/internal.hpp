@@ -47,6 +47,12 @@ struct Access {
 
 /// How many in-place writes have been recorded into the storage so far.
 [[nodiscard]] std::uint64_t storage_version(const ArrayState& s) noexcept;
+/// How many in-place writes with a gradient the storage has had; bump_
+/// counts one more and returns the new count.
+[[nodiscard]] std::uint64_t grad_generation(const ArrayState& s) noexcept;
+std::uint64_t bump_grad_generation(const ArrayState& s) noexcept;
+/// Writing every element of `s` writes every byte of its buffer.
+[[nodiscard]] bool covers_storage(const ArrayState& s);
 
 /// Records one op on the arrays' device (a CPU or the emulated sim device)
 /// that reads `reads` and writes `writes`, each contiguous, all on one

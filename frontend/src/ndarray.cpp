@@ -95,6 +95,19 @@ std::uint64_t storage_version(const ArrayState& s) noexcept {
   return s.storage->version.load(std::memory_order_relaxed);
 }
 
+std::uint64_t grad_generation(const ArrayState& s) noexcept {
+  return s.storage->grad_generation.load(std::memory_order_relaxed);
+}
+
+std::uint64_t bump_grad_generation(const ArrayState& s) noexcept {
+  return s.storage->grad_generation.fetch_add(1, std::memory_order_relaxed) + 1;
+}
+
+bool covers_storage(const ArrayState& s) {
+  return s.offset == 0 && s.strides == contiguous_strides(s.shape) &&
+         static_cast<std::size_t>(numel(s.shape)) * size_of(s.dtype) == s.storage->bytes;
+}
+
 }  // namespace detail
 
 namespace {
@@ -166,11 +179,7 @@ StatePtr make_view(const StatePtr& base, Shape shape, Strides strides, std::int6
 
 bool contiguous(const ArrayState& s) { return s.strides == contiguous_strides(s.shape); }
 
-// True when writing every element of `s` writes every byte of its buffer.
-bool covers_storage(const ArrayState& s) {
-  return s.offset == 0 && contiguous(s) &&
-         static_cast<std::size_t>(numel(s.shape)) * size_of(s.dtype) == s.storage->bytes;
-}
+using detail::covers_storage;
 
 // Operands must share one device: data never moves implicitly.
 Device common_device(std::initializer_list<const ArrayState*> xs, const char* op) {
@@ -406,7 +415,11 @@ void inplace_op(ops::BinaryOp op, const StatePtr& a, StatePtr b, const char* nam
     throw InvalidArgument(std::string(name) + ": the result shape " + to_string(s) +
                           " differs from the target's " + to_string(a->shape));
   }
-  grad::check_inplace(*a, name);
+  if (const NDArray bh = Access::wrap(b); grad::inplace_wanted(*a, {&bh})) {
+    grad::check_rebase(*a, name);
+    grad::rebase(Access::wrap(a), binary_op(op, Access::wrap(a), bh));
+    return;
+  }
   if (b->storage == a->storage &&
       (b->offset != a->offset || b->strides != a->strides || b->shape != a->shape)) {
     b = Access::state(Access::wrap(b).copy(), name);
@@ -420,7 +433,11 @@ void inplace_op(ops::BinaryOp op, const StatePtr& a, StatePtr b, const char* nam
 void inplace_scalar(ops::BinaryOp op, const StatePtr& a, double s, const char* name) {
   check_binary(op, *a, name);
   check_scalar_divisor(op, *a, s, name);
-  grad::check_inplace(*a, name);
+  if (grad::inplace_wanted(*a, {})) {
+    grad::check_rebase(*a, name);
+    grad::rebase(Access::wrap(a), scalar_op(op, Access::wrap(a), s, false));
+    return;
+  }
   a->storage->version.fetch_add(1, std::memory_order_relaxed);
   record(name, {a}, a, [op, s](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o) {
     ops::binary_scalar(ctx, op, view(*in[0]), s, false, view(o));
@@ -749,7 +766,8 @@ NDArray& NDArray::assign(const NDArray& o) {
     throw InvalidArgument("assign: a source of shape " + to_string(b->shape) +
                           " does not broadcast to the target's " + to_string(a->shape));
   }
-  grad::check_inplace(*a, "assign");
+  const bool with_grad = grad::inplace_wanted(*a, {&o});
+  if (with_grad) grad::check_rebase(*a, "assign");
   if (b->storage == a->storage) b = Access::state(Access::wrap(b).copy(), "assign");
   a->storage->version.fetch_add(1, std::memory_order_relaxed);
   auto kernel = [](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o2) {
@@ -764,6 +782,7 @@ NDArray& NDArray::assign(const NDArray& o) {
     // was, including an error an earlier write left there.
     record("assign", {b, a}, a, kernel);
   }
+  if (with_grad) grad::assign(*this, o);
   return *this;
 }
 

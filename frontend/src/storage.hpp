@@ -36,6 +36,10 @@ struct Storage {
   // In-place writes recorded so far (autograd refuses a backward that would
   // read a saved array written since it was saved).
   std::atomic<std::uint64_t> version{0};
+  // In-place writes recorded with a gradient (autograd.cpp's rebase): a
+  // view whose autograd record is older routes gradients to the values
+  // before the write, and backward refuses it.
+  std::atomic<std::uint64_t> grad_generation{0};
   // The open fusion group that reads or writes this buffer and has not been
   // recorded yet (fusion.cpp), or null. Every other access records the
   // group first (settle), so the engine sees accesses in program order.

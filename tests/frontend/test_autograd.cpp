@@ -275,7 +275,7 @@ TEST_CASE("grad mode, detach and what carries no gradient") {
   CHECK_THROWS_AS(w -= 1.0, InvalidArgument);
   CHECK_THROWS_AS(w.assign(nd::zeros({2}, DType::kFloat64, w.device())), InvalidArgument);
   NDArray y = w * 3.0;
-  CHECK_THROWS_AS(y += 1.0, InvalidArgument);
+  CHECK_THROWS_AS(y.slice(0, 0, 1) += 1.0, InvalidArgument);  // through a view: not differentiable
   CHECK_THROWS_AS(y.requires_grad(false), InvalidArgument);
 
   NDArray d = w.detach();
@@ -293,6 +293,64 @@ TEST_CASE("grad mode, detach and what carries no gradient") {
   CHECK_THROWS_AS((w * 2.0).backward(nd::ones({2}, DType::kFloat32, w.device())), InvalidArgument);
   w.requires_grad(false);
   CHECK_FALSE((w * 2.0).requires_grad());
+}
+
+TEST_CASE("in-place ops on arrays in the gradient graph match finite differences") {
+  // Each in-place form of the DSL on a result of a differentiable op (and
+  // on an array that required no grad until a source that does was added
+  // in), with broadcasting; the operands the derivative needs are the
+  // values before each write.
+  check_gradient("in-place chain", [](const std::vector<NDArray>& x) {
+    NDArray y = x[0] * 2.0;
+    y += x[1];        // broadcast row
+    y *= x[0];        // needs y's old values for x[0]'s gradient
+    y -= 0.5;
+    y /= x[1] * x[1] + 1.0;
+    y *= 3.0;
+    NDArray acc = nd::zeros({3, 4}, DType::kFloat64, x[0].device());
+    acc += y;          // acc required no grad before: it joins the graph
+    acc += acc;        // reads what it writes
+    return acc;
+  }, {{{3, 4}}, {{4}}});
+  check_gradient("assign", [](const std::vector<NDArray>& x) {
+    NDArray y = x[0] * 3.0;   // (exp would save y for its derivative: the write would be refused)
+    NDArray keep = y + x[0];  // reads y before the write (a sum saves nothing)
+    y.assign(x[1] * 2.0);     // broadcast: the gradient is summed back to x[1]'s shape
+    return y * keep;
+  }, {{{2, 3}}, {{3}}});
+}
+
+TEST_CASE("a handle made before an in-place write with a gradient is refused by backward") {
+  NDArray x = nd::array(std::vector<double>{1, 2, 3, 4}, {4});
+  x.requires_grad(true);
+  NDArray y = x * 2.0;
+  NDArray before = y.slice(0, 0, 2);
+  NDArray early = (before * 1.0).sum();  // read before the write: fine
+  y += 1.0;
+  NDArray late = (before * 1.0).sum();  // read after it through the old handle
+  const auto recorded = nd::engine().stats().nodes_recorded;
+  try {
+    late.backward();
+    FAIL("backward routed a gradient through a stale view");
+  } catch (const InvalidArgument& e) {
+    CHECK(std::string(e.what()).find("written in place") != std::string::npos);
+  }
+  CHECK(nd::engine().stats().nodes_recorded == recorded);  // refused before recording
+  CHECK_FALSE(x.grad().valid());
+  early.backward(NDArray(), /*retain_graph=*/true);  // y's history before the write is used again below
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{2, 2, 0, 0});
+  x.zero_grad();
+  (y.slice(0, 0, 2) * 1.0).sum().backward();  // a view made after the write
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{2, 2, 0, 0});
+  // A slot of an array outside the graph stores the value only (a log).
+  NDArray log = nd::zeros({3}, DType::kFloat64, x.device());
+  log.slice(0, 0, 1).assign(late.reshape({1}));
+  CHECK_FALSE(log.requires_grad());
+  CHECK(log.to_vector<double>()[0] == doctest::Approx(8.0));  // (2 + 1) + (4 + 1): the values after the write
+  // The view target refused at the call site, recording nothing.
+  const auto before_view = nd::engine().stats().nodes_recorded;
+  CHECK_THROWS_AS(y.slice(0, 1, 3) *= x.slice(0, 1, 3), InvalidArgument);
+  CHECK(nd::engine().stats().nodes_recorded == before_view);
 }
 
 TEST_CASE("an array saved for backward and modified in place since is refused, recording nothing") {

@@ -436,6 +436,24 @@ def test_no_grad_and_in_place_rules():
         loss.backward()
 
 
+def test_in_place_ops_in_the_gradient_graph_match_numpy():
+    x, b = rand((3, 4), np.float64, -1, 1), rand((4,), np.float64, 1, 2)
+    X, B = nd.array(x), nd.array(b)
+    X.attach_grad()
+    B.attach_grad()
+    y = X * 2.0
+    y += B          # the in-place ops of a result: differentiated as y = y + B ...
+    y *= X          # ... and y = y * X, with y's values before the write
+    y /= B
+    y.sum().backward()
+    # d/dx sum((2x + b) * x / b) = (4x + b) / b; d/db = sum over rows of -2x^2 / b^2
+    np.testing.assert_allclose(X.grad.asnumpy(), (4 * x + b) / b, rtol=1e-12)
+    np.testing.assert_allclose(B.grad.asnumpy(), (-2 * x * x / (b * b)).sum(0), rtol=1e-12)
+    v = y.slice(0, 0, 1)
+    with pytest.raises(ValueError, match="whole array"):
+        v += 1.0  # through a view: refused
+
+
 def test_npy_files_move_to_and_from_numpy(tmp_path):
     for x in [rand((3, 4)), rand((5,), np.float64), rand((2, 2), np.int64), np.array([True, False]),
               np.asfortranarray(rand((3, 2), np.float64))]:

@@ -18,6 +18,7 @@
 #include <lazydag/ndarray.hpp>
 
 #include "autograd_internal.hpp"
+#include "object_pool.hpp"
 #include "internal.hpp"
 
 #include <algorithm>
@@ -616,7 +617,7 @@ void NDArray::zero_grad() {
 
 NDArray NDArray::detach() const {
   const auto& s = Access::state(*this, "detach");
-  auto d = std::make_shared<detail::ArrayState>();
+  auto d = detail::make_pooled<detail::ArrayState>();
   d->storage = s->storage;
   d->shape = s->shape;
   d->strides = s->strides;

@@ -24,6 +24,7 @@
 // group is settled before the caller takes its own. Groups live in a
 // registry and are never freed, so a stale pointer read from a storage
 // always names a live mutex (the pointer is checked again under it).
+#include "object_pool.hpp"
 #include "fusion.hpp"
 
 #include <lazydag/ndarray.hpp>
@@ -282,9 +283,9 @@ StatePtr append(ops::FusedStep step, std::span<const StatePtr> inputs, const Sha
       flush_locked(g);
     }
     // The result first: creating it may throw, and nothing has changed yet.
-    auto out = std::make_shared<ArrayState>();
+    auto out = make_pooled<ArrayState>();
     out->storage =
-        std::make_shared<Storage>(nd::engine(), dev, static_cast<std::size_t>(numel(shape)) * size_of(t), true);
+        make_pooled<Storage>(nd::engine(), dev, static_cast<std::size_t>(numel(shape)) * size_of(t), true);
     out->shape = shape;
     out->strides = contiguous_strides(shape);
     out->dtype = t;

@@ -7,6 +7,7 @@
 
 #include "autograd_internal.hpp"
 #include "host_pool.hpp"
+#include "object_pool.hpp"
 #include "internal.hpp"
 #include "storage.hpp"
 #include "fusion.hpp"
@@ -153,9 +154,9 @@ StatePtr new_array(const Shape& shape, DType t, Device dev, const char* op) {
   check_shape(shape, op);  // the byte count below cannot overflow
   check_device(dev, op);
   const std::size_t bytes = static_cast<std::size_t>(numel(shape)) * size_of(t);
-  auto st = std::make_shared<ArrayState>();
+  auto st = detail::make_pooled<ArrayState>();
   try {
-    st->storage = std::make_shared<Storage>(nd::engine(), dev, bytes);
+    st->storage = detail::make_pooled<Storage>(nd::engine(), dev, bytes);
   } catch (const std::bad_alloc&) {
     throw Error(std::string(op) + ": out of memory allocating " + std::to_string(bytes) +
                 " bytes for a " + std::string(to_string(t)) + " array of shape " + to_string(shape) +
@@ -168,7 +169,7 @@ StatePtr new_array(const Shape& shape, DType t, Device dev, const char* op) {
 }
 
 StatePtr make_view(const StatePtr& base, Shape shape, Strides strides, std::int64_t offset) {
-  auto st = std::make_shared<ArrayState>();
+  auto st = detail::make_pooled<ArrayState>();
   st->storage = base->storage;
   st->shape = std::move(shape);
   st->strides = std::move(strides);

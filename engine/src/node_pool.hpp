@@ -75,6 +75,7 @@ class NodePool {
     n->name.clear();
     n->error.reset();
     n->write_errors.clear();
+    n->t_push = 0;
     n->tag.store(0, std::memory_order_relaxed);
     n->waiters.store(0, std::memory_order_relaxed);
     n->state.store(NodeState::kRecorded, std::memory_order_relaxed);

@@ -249,7 +249,10 @@ void EngineImpl::push(Function fn, std::span<const Var> reads, std::span<const V
   Node* n = pool_.alloc();
   n->fn = std::move(fn);
   n->name.assign(name);
-  n->t_push = t0;
+  // Not stored when 0 (reset() leaves it 0), nor write_errors cleared (reset()
+  // did): those lines are the runner's, and a store from the recording core
+  // moved them back to it on every push.
+  if (profiling) n->t_push = t0;
   n->device = options.device;
   n->priority = options.priority;
   n->sdev = sdev;
@@ -262,7 +265,6 @@ void EngineImpl::push(Function fn, std::span<const Var> reads, std::span<const V
   n->run_on_failed_input = options.run_on_failed_input && sdev == nullptr;
   n->write_sources.clear();
   for (std::uint64_t m : options.write_sources) n->write_sources.push_back(m);
-  n->write_errors.clear();
   n->async_arrivals.store(0, std::memory_order_relaxed);
   // One for "not yet recorded" (dropped below, after the lock: the node
   // cannot become ready while its edges are still being added) and one for

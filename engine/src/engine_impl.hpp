@@ -180,7 +180,6 @@ class EngineImpl {
   struct alignas(64) RecordedCounts {
     std::array<std::atomic<std::int64_t>, 2> by_epoch{};  // written under the recorder lock
     std::atomic<std::size_t> bytes{0};                    // cost_bytes recorded (eager's byte window)
-    std::atomic<std::uint64_t> nodes{0};
     std::atomic<std::size_t> peak_unfinished{0};
     // Recorder lock: copies of done_'s totals, reloaded when needed.
     std::int64_t seen_done = 0;
@@ -218,9 +217,11 @@ class EngineImpl {
             unfinished_bytes() > factor * options_.max_pending_bytes);
   }
   // The same from the recorder's copies (recorder lock): reloads them only
-  // when the upper bound they give is past the window, and every
-  // kPeakSample records to sample the peak.
+  // when the upper bound they give is past the window.
   bool recorder_over_window(std::size_t factor) noexcept;
+  // Reloads the copies and samples the peak (recorder lock); record() calls
+  // it every kPeakSample records.
+  void reload_done() noexcept;
   static constexpr std::uint32_t kPeakSample = 64;
 
   // Statistics of completions, one cache line per shard; a thread keeps to

@@ -94,28 +94,30 @@ void EngineImpl::link(Node* n, std::span<VarState* const> pure_reads,
   }
 }
 
-bool EngineImpl::recorder_over_window(std::size_t factor) noexcept {
-  const std::int64_t recorded =
-      rec_.by_epoch[0].load(std::memory_order_relaxed) + rec_.by_epoch[1].load(std::memory_order_relaxed);
-  const std::size_t recorded_bytes = rec_.bytes.load(std::memory_order_relaxed);
-  const bool count_window = options_.max_pending != 0;
-  const bool byte_window = options_.policy == Policy::kEager && options_.max_pending_bytes != 0;
-  auto over = [&] {
-    return (count_window && static_cast<std::size_t>(recorded - rec_.seen_done) > factor * options_.max_pending) ||
-           (byte_window && recorded_bytes - rec_.seen_done_bytes > factor * options_.max_pending_bytes);
-  };
-  // factor 0: a sample for the peak; otherwise reload only when the upper
-  // bound is past the window.
-  if (factor != 0 && !over()) return false;
+void EngineImpl::reload_done() noexcept {
   rec_.since_sample = 0;
   rec_.seen_done = done_.by_epoch[0].load(std::memory_order_seq_cst) +
                    done_.by_epoch[1].load(std::memory_order_seq_cst);
   rec_.seen_done_bytes = done_.bytes.load(std::memory_order_seq_cst);
-  const auto live = static_cast<std::size_t>(recorded - rec_.seen_done);
+  const auto live = static_cast<std::size_t>(rec_.by_epoch[0].load(std::memory_order_relaxed) +
+                                             rec_.by_epoch[1].load(std::memory_order_relaxed) - rec_.seen_done);
   if (live > rec_.peak_unfinished.load(std::memory_order_relaxed)) {
     rec_.peak_unfinished.store(live, std::memory_order_relaxed);
   }
-  return factor != 0 && over();
+}
+
+bool EngineImpl::recorder_over_window(std::size_t factor) noexcept {
+  auto over = [&] {
+    const std::int64_t recorded =
+        rec_.by_epoch[0].load(std::memory_order_relaxed) + rec_.by_epoch[1].load(std::memory_order_relaxed);
+    return (options_.max_pending != 0 &&
+            static_cast<std::size_t>(recorded - rec_.seen_done) > factor * options_.max_pending) ||
+           (options_.policy == Policy::kEager && options_.max_pending_bytes != 0 &&
+            rec_.bytes.load(std::memory_order_relaxed) - rec_.seen_done_bytes > factor * options_.max_pending_bytes);
+  };
+  if (!over()) return false;  // the upper bound is within the window
+  reload_done();
+  return over();
 }
 
 void EngineImpl::record(Node* n) {
@@ -129,8 +131,7 @@ void EngineImpl::record(Node* n) {
   if (n->cost_bytes != 0) {
     rec_.bytes.store(rec_.bytes.load(std::memory_order_relaxed) + n->cost_bytes, std::memory_order_release);
   }
-  rec_.nodes.store(rec_.nodes.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-  if (++rec_.since_sample >= kPeakSample) recorder_over_window(0);  // samples the peak
+  if (++rec_.since_sample >= kPeakSample) reload_done();  // samples the peak
   switch (options_.policy) {
     case Policy::kNaive:
       return;  // requested by the wait in push, or at once when recorded by a running op

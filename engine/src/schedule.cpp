@@ -386,14 +386,15 @@ void EngineImpl::trace(const Node* n) const {
   profiler::detail::record(std::move(e));
 }
 
-// Marks `n` done: successors lose one pending input (the first made ready
-// is returned for bypass), predecessors and vars lose a hold, waits for it
-// are woken. The caller keeps a ref of its own on `n`.
 EngineImpl::RunCounts& EngineImpl::run_counts() noexcept {
   static std::atomic<std::size_t> next_shard{0};
   thread_local const std::size_t shard = next_shard.fetch_add(1, std::memory_order_relaxed) % kRunShards;
   return run_counts_[shard];
 }
+
+// Marks `n` done: successors lose one pending input (the first made ready
+// is returned for bypass), predecessors lose a reference, a stream node's
+// vars a hold, waits for it are woken. The caller keeps a ref of its own.
 
 Node* EngineImpl::complete(Node* n, Bypass bypass) {
   if (n->t_end != 0) {

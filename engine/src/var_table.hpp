@@ -19,9 +19,9 @@
 
 #include <lazydag/engine/error.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <algorithm>
 #include <limits>
 #include <memory>
 #include <string>

@@ -541,7 +541,9 @@ void EngineImpl::wait_all_recorded(bool watchdog) {
 
 EngineStats EngineImpl::stats() const {
   EngineStats s;
-  s.nodes_recorded = rec_.nodes.load(std::memory_order_relaxed);
+  // Both parities' recorded counts are cumulative: their sum is every node recorded.
+  s.nodes_recorded = static_cast<std::uint64_t>(rec_.by_epoch[0].load(std::memory_order_relaxed) +
+                                                rec_.by_epoch[1].load(std::memory_order_relaxed));
   for (const RunCounts& c : run_counts_) {
     s.nodes_run += c.run.load(std::memory_order_relaxed);
     s.nodes_failed += c.failed.load(std::memory_order_relaxed);

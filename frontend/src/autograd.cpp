@@ -467,16 +467,14 @@ void set_grad_hook_impl(const NDArray& leaf, std::function<void()> hook) {
   s.autograd->hook = std::move(hook);
 }
 
-bool inplace_wanted(const ArrayState& target, std::initializer_list<const NDArray*> sources) noexcept {
+bool inplace_wanted(const ArrayState& target, std::initializer_list<const ArrayState*> sources) noexcept {
   if (!autograd::is_grad_enabled()) return false;
-  if (target.autograd && target.autograd->requires_grad) return true;
+  auto needs = [](const ArrayState& s) { return s.autograd && s.autograd->requires_grad; };
+  if (needs(target)) return true;
   // A target outside the graph joins it when the write covers it; through
   // a view it stores the values only (a log buffer's slot, say).
-  if (!covers_storage(target)) return false;
-  for (const NDArray* x : sources) {
-    if (wants_grad(*x)) return true;
-  }
-  return false;
+  return std::any_of(sources.begin(), sources.end(), [&](const ArrayState* x) { return needs(*x); }) &&
+         covers_storage(target);
 }
 
 void check_rebase(const ArrayState& target, const char* op) {
@@ -502,19 +500,18 @@ void adopt(const ArrayState& target, std::shared_ptr<AutogradMeta> record) {
 void rebase(const NDArray& target, const NDArray& result) {
   const ArrayState& t = st(target);
   const ArrayState& r = st(result);
-  if (r.autograd && r.autograd->grad_fn) {
-    // What the derivative saved from the target's buffer is about to be
-    // overwritten: it keeps a copy, recorded before the write.
-    autograd::NoGradGuard no_grad;
-    for (Saved& sv : r.autograd->grad_fn->saved) {
-      if (st(sv.array).storage == t.storage) {
-        sv.array = sv.array.copy();
-        sv.version = storage_version(st(sv.array));
-      }
-    }
-  }
   {
     autograd::NoGradGuard no_grad;
+    if (r.autograd && r.autograd->grad_fn) {
+      // What the derivative saved from the target's buffer is about to be
+      // overwritten: it keeps a copy, recorded before the write.
+      for (Saved& sv : r.autograd->grad_fn->saved) {
+        if (st(sv.array).storage == t.storage) {
+          sv.array = sv.array.copy();
+          sv.version = storage_version(st(sv.array));
+        }
+      }
+    }
     NDArray(target).assign(result);
   }
   adopt(t, r.autograd && r.autograd->requires_grad ? r.autograd : nullptr);

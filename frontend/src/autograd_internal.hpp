@@ -45,7 +45,7 @@ void check_inplace(const ArrayState& target, const char* op);
 /// In place with a gradient. Grad mode is on and the target requires grad,
 /// or a source does and the write covers the target's buffer (a write
 /// through a view into an array outside the graph stores values only).
-[[nodiscard]] bool inplace_wanted(const ArrayState& target, std::initializer_list<const NDArray*> sources) noexcept;
+[[nodiscard]] bool inplace_wanted(const ArrayState& target, std::initializer_list<const ArrayState*> sources) noexcept;
 /// Refuses (InvalidArgument naming `op`) a target that is a leaf requiring
 /// grad, or a view that does not cover its buffer.
 void check_rebase(const ArrayState& target, const char* op);

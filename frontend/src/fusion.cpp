@@ -24,7 +24,6 @@
 // group is settled before the caller takes its own. Groups live in a
 // registry and are never freed, so a stale pointer read from a storage
 // always names a live mutex (the pointer is checked again under it).
-#include "object_pool.hpp"
 #include "fusion.hpp"
 
 #include <lazydag/ndarray.hpp>
@@ -38,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "object_pool.hpp"
 #include "storage.hpp"
 
 namespace lazydag {

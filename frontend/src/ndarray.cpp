@@ -416,9 +416,9 @@ void inplace_op(ops::BinaryOp op, const StatePtr& a, StatePtr b, const char* nam
     throw InvalidArgument(std::string(name) + ": the result shape " + to_string(s) +
                           " differs from the target's " + to_string(a->shape));
   }
-  if (const NDArray bh = Access::wrap(b); grad::inplace_wanted(*a, {&bh})) {
+  if (grad::inplace_wanted(*a, {b.get()})) {
     grad::check_rebase(*a, name);
-    grad::rebase(Access::wrap(a), binary_op(op, Access::wrap(a), bh));
+    grad::rebase(Access::wrap(a), binary_op(op, Access::wrap(a), Access::wrap(b)));
     return;
   }
   if (b->storage == a->storage &&
@@ -767,7 +767,7 @@ NDArray& NDArray::assign(const NDArray& o) {
     throw InvalidArgument("assign: a source of shape " + to_string(b->shape) +
                           " does not broadcast to the target's " + to_string(a->shape));
   }
-  const bool with_grad = grad::inplace_wanted(*a, {&o});
+  const bool with_grad = grad::inplace_wanted(*a, {b.get()});
   if (with_grad) grad::check_rebase(*a, "assign");
   if (b->storage == a->storage) b = Access::state(Access::wrap(b).copy(), "assign");
   a->storage->version.fetch_add(1, std::memory_order_relaxed);

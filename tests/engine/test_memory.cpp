@@ -9,8 +9,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <vector>
 #include <cstdlib>
+#include <vector>
 
 using namespace lazydag::engine;
 

@@ -20,6 +20,7 @@
 #include "autograd_internal.hpp"
 #include "object_pool.hpp"
 #include "internal.hpp"
+#include "storage.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -467,34 +468,83 @@ void set_grad_hook_impl(const NDArray& leaf, std::function<void()> hook) {
   s.autograd->hook = std::move(hook);
 }
 
-bool inplace_wanted(const ArrayState& target, std::initializer_list<const ArrayState*> sources) noexcept {
-  if (!autograd::is_grad_enabled()) return false;
-  auto needs = [](const ArrayState& s) { return s.autograd && s.autograd->requires_grad; };
-  if (needs(target)) return true;
-  // A target outside the graph joins it when the write covers it; through
-  // a view it stores the values only (a log buffer's slot, say).
-  return std::any_of(sources.begin(), sources.end(), [&](const ArrayState* x) { return needs(*x); }) &&
-         covers_storage(target);
+namespace {
+
+bool needs(const ArrayState& s) noexcept { return s.autograd && s.autograd->requires_grad; }
+
+// The live array besides `target` that a write through it changes: the base
+// `target` views, when that covers the whole buffer. Null when `target`
+// covers the buffer itself, or its base is gone (no handle but views can
+// read the other elements then, and those are stale after the write).
+std::shared_ptr<const ArrayState> written_base(const ArrayState& target) {
+  if (covers_storage(target)) return nullptr;
+  std::shared_ptr<const ArrayState> root = target.base.lock();
+  if (!root || root->storage != target.storage || !covers_storage(*root)) return nullptr;
+  return root;
 }
 
-void check_rebase(const ArrayState& target, const char* op) {
-  if (target.autograd && target.autograd->requires_grad && !target.autograd->grad_fn) {
-    check_inplace(target, op);  // a leaf that requires grad: refused, saying why
+// The new history of the values written through `target`: `record` (the
+// written values' record, or null for constants) becomes its autograd
+// record, and every older handle of its storage stale. A write through a
+// view also gives the view's base a new record (PyTorch's CopySlices):
+// outside the view the gradient goes to the base's old record, inside it
+// to `record`.
+void rewrite(const ArrayState& target, std::shared_ptr<AutogradMeta> record) {
+  const std::shared_ptr<const ArrayState> root = written_base(target);
+  std::shared_ptr<AutogradMeta> root_record;
+  if (root && (record || needs(*root))) {
+    auto node = std::make_shared<GradNode>();
+    node->op = "copy_slices";
+    node->seq = g_node_seq.fetch_add(1, std::memory_order_relaxed);
+    const bool old = needs(*root);
+    const Device dev = root->storage->device;
+    node->inputs.push_back(Edge{old ? root->autograd : nullptr, root->shape, root->dtype, dev,
+                                old && root->autograd->generation != grad_generation(*root)});
+    node->inputs.push_back(Edge{record, target.shape, target.dtype, dev, false});
+    // The base is contiguous from offset 0 (it covers the buffer), so the
+    // view's geometry applies as it is to a contiguous copy of its gradient.
+    node->derivative = [shape = target.shape, strides = target.strides, offset = target.offset](
+                           const NDArray& g, auto&, const std::vector<bool>& n) {
+      NDArray whole = g.copy();
+      NDArray region = strided_view(whole, shape, strides, offset);
+      NDArray inside = n[1] ? region.copy() : NDArray();
+      if (n[0]) region.assign(nd::zeros(shape, g.dtype(), g.device()));
+      return std::vector<NDArray>{n[0] ? whole : NDArray(), inside};
+    };
+    root_record = std::make_shared<AutogradMeta>();
+    root_record->grad_fn = std::move(node);
   }
-  if (!covers_storage(target)) {
-    throw InvalidArgument(std::string(op) +
-                          ": an in-place write with a gradient must cover its whole array; writes "
-                          "through a view (a slice, a transpose, a broadcast) are not differentiable "
-                          "(build the result out of place, e.g. with concat or where)");
-  }
-}
-
-// The new history of `target`: `record` (the new values' record, or null)
-// becomes its autograd record, and every older handle of its storage stale.
-void adopt(const ArrayState& target, std::shared_ptr<AutogradMeta> record) {
   const std::uint64_t gen = bump_grad_generation(target);
   if (record) record->generation = gen;
   target.autograd = std::move(record);
+  if (root) {
+    if (root_record) root_record->generation = gen;
+    root->autograd = std::move(root_record);
+  }
+}
+
+}  // namespace
+
+bool inplace_wanted(const ArrayState& target, std::initializer_list<const ArrayState*> sources) noexcept {
+  if (!autograd::is_grad_enabled()) return false;
+  if (needs(target)) return true;
+  if (std::any_of(sources.begin(), sources.end(), [](const ArrayState* x) { return needs(*x); })) return true;
+  // A view of an array in the graph changes that array's values.
+  const std::shared_ptr<const ArrayState> root = target.base.lock();
+  return root && needs(*root);
+}
+
+void check_rebase(const ArrayState& target, const char* op) {
+  if (needs(target) && !target.autograd->grad_fn) {
+    check_inplace(target, op);  // a leaf that requires grad: refused, saying why
+  }
+  const std::shared_ptr<const ArrayState> root = target.base.lock();
+  if (root && needs(*root) && !root->autograd->grad_fn) {
+    throw InvalidArgument(std::string(op) +
+                          ": the target is a view of a leaf array that requires grad; it cannot be "
+                          "written in place while grad mode is on (write it under "
+                          "autograd::NoGradGuard, as an optimizer step does)");
+  }
 }
 
 void rebase(const NDArray& target, const NDArray& result) {
@@ -514,13 +564,13 @@ void rebase(const NDArray& target, const NDArray& result) {
     }
     NDArray(target).assign(result);
   }
-  adopt(t, r.autograd && r.autograd->requires_grad ? r.autograd : nullptr);
+  rewrite(t, needs(r) ? r.autograd : nullptr);
 }
 
 void assign(const NDArray& target, const NDArray& source) {
   const ArrayState& t = st(target);
   if (!wants_grad(source) || !is_floating(source.dtype()) || !is_floating(t.dtype)) {
-    adopt(t, nullptr);  // constant values now
+    rewrite(t, nullptr);  // constant values now
     return;
   }
   const DType type = source.dtype();
@@ -531,7 +581,7 @@ void assign(const NDArray& target, const NDArray& source) {
   attach("assign", target, {&source}, {}, [type, dev, shape](const NDArray& g, auto&, auto&) {
     return std::vector<NDArray>{fit(as_dtype(g, type).as_in_device(dev), shape)};
   });
-  adopt(t, t.autograd);
+  rewrite(t, t.autograd);
 }
 
 void check_inplace(const ArrayState& s, const char* op) {

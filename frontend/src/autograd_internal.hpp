@@ -42,18 +42,19 @@ void take(const NDArray& a, const NDArray& indices, const NDArray& out);
 /// the gradient graph while grad mode is on (host ops).
 void check_inplace(const ArrayState& target, const char* op);
 
-/// In place with a gradient. Grad mode is on and the target requires grad,
-/// or a source does and the write covers the target's buffer (a write
-/// through a view into an array outside the graph stores values only).
+/// In place with a gradient: grad mode is on and the target, a source, or
+/// the base the target views requires grad.
 [[nodiscard]] bool inplace_wanted(const ArrayState& target, std::initializer_list<const ArrayState*> sources) noexcept;
 /// Refuses (InvalidArgument naming `op`) a target that is a leaf requiring
-/// grad, or a view that does not cover its buffer.
+/// grad or a view of one.
 void check_rebase(const ArrayState& target, const char* op);
 /// `result`, computed out of place (with its backward node), is written
 /// into `target`, which takes its autograd record: the in-place op's
 /// gradient is the out-of-place op's. Arrays the derivative saved from the
 /// target's buffer are copied first; handles made before from the same
-/// buffer become stale (backward refuses them).
+/// buffer become stale (backward refuses them). Through a view, the view's
+/// base takes a record that routes the gradient inside the view to
+/// `result` and outside it to the base's old record.
 void rebase(const NDArray& target, const NDArray& result);
 /// After target.assign(source) was recorded: the target's record becomes
 /// the source's values (a gradient summed back to the source's shape).

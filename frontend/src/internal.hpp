@@ -53,6 +53,10 @@ struct Access {
 std::uint64_t bump_grad_generation(const ArrayState& s) noexcept;
 /// Writing every element of `s` writes every byte of its buffer.
 [[nodiscard]] bool covers_storage(const ArrayState& s);
+/// A view of `a`'s buffer with the given geometry (in elements), which the
+/// caller knows lies inside it.
+[[nodiscard]] NDArray strided_view(const NDArray& a, const Shape& shape, const Strides& strides,
+                                   std::int64_t offset);
 
 /// Records one op on the arrays' device (a CPU or the emulated sim device)
 /// that reads `reads` and writes `writes`, each contiguous, all on one

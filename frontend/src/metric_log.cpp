@@ -55,7 +55,9 @@ void MetricLog::append(const NDArray& value, std::source_location where) {
     throw DeviceMismatch("MetricLog '" + name_ + "' lives on " + device_.str() + ", the value on " +
                          value.device().str() + "; move it with copyto(device)");
   }
-  NDArray v = value.dtype() == DType::kFloat64 ? value : value.astype(DType::kFloat64);
+  // The values only: the log keeps no gradient graph alive.
+  NDArray v = value.detach();
+  if (v.dtype() != DType::kFloat64) v = v.astype(DType::kFloat64);
   buffer_.slice(0, pending_, pending_ + 1).assign(v.reshape({1}));
   ++pending_;
   ++steps_;

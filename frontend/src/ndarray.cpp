@@ -175,6 +175,7 @@ StatePtr make_view(const StatePtr& base, Shape shape, Strides strides, std::int6
   st->strides = std::move(strides);
   st->offset = offset;
   st->dtype = base->dtype;
+  st->base = base->base.expired() ? std::weak_ptr<const ArrayState>(base) : base->base;
   return st;
 }
 
@@ -933,6 +934,10 @@ void record_host_async(const std::string& name, const std::vector<NDArray>& read
         start(pointers(arrays, ctx), ctx, done);
       },
       op.reads, op.writes, op.options);
+}
+
+NDArray strided_view(const NDArray& a, const Shape& shape, const Strides& strides, std::int64_t offset) {
+  return Access::wrap(make_view(Access::state(a, "view"), shape, strides, offset));
 }
 
 NDArray empty(const Shape& shape, DType t, Device dev, const char* op) {

@@ -275,7 +275,7 @@ TEST_CASE("grad mode, detach and what carries no gradient") {
   CHECK_THROWS_AS(w -= 1.0, InvalidArgument);
   CHECK_THROWS_AS(w.assign(nd::zeros({2}, DType::kFloat64, w.device())), InvalidArgument);
   NDArray y = w * 3.0;
-  CHECK_THROWS_AS(y.slice(0, 0, 1) += 1.0, InvalidArgument);  // through a view: not differentiable
+  CHECK_THROWS_AS(w.slice(0, 0, 1) += 1.0, InvalidArgument);  // a view of a leaf that requires grad
   CHECK_THROWS_AS(y.requires_grad(false), InvalidArgument);
 
   NDArray d = w.detach();
@@ -340,17 +340,55 @@ TEST_CASE("a handle made before an in-place write with a gradient is refused by 
   early.backward(NDArray(), /*retain_graph=*/true);  // y's history before the write is used again below
   CHECK(x.grad().to_vector<double>() == std::vector<double>{2, 2, 0, 0});
   x.zero_grad();
-  (y.slice(0, 0, 2) * 1.0).sum().backward();  // a view made after the write
+  (y.slice(0, 0, 2) * 1.0).sum().backward(NDArray(), true);  // a view made after the write
   CHECK(x.grad().to_vector<double>() == std::vector<double>{2, 2, 0, 0});
-  // A slot of an array outside the graph stores the value only (a log).
+  // A write through a view stales the other handles of the buffer too.
+  NDArray first = y.slice(0, 0, 1);
+  y.slice(0, 2, 4) *= x.slice(0, 2, 4);
+  CHECK_THROWS_AS((first * 1.0).sum().backward(), InvalidArgument);
+  // A slot of an array outside the graph joins it through its base (as in
+  // PyTorch); the values are those after the write.
   NDArray log = nd::zeros({3}, DType::kFloat64, x.device());
-  log.slice(0, 0, 1).assign(late.reshape({1}));
-  CHECK_FALSE(log.requires_grad());
-  CHECK(log.to_vector<double>()[0] == doctest::Approx(8.0));  // (2 + 1) + (4 + 1): the values after the write
-  // The view target refused at the call site, recording nothing.
+  log.slice(0, 0, 1).assign((y.slice(0, 0, 2) * 1.0).sum().reshape({1}));
+  CHECK(log.requires_grad());
+  CHECK(log.to_vector<double>()[0] == doctest::Approx(8.0));  // (2 + 1) + (4 + 1)
+  x.zero_grad();
+  (log * 2.0).sum().backward();
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{4, 4, 0, 0});
+  // A view of a leaf that requires grad is refused at the call site,
+  // recording nothing.
   const auto before_view = nd::engine().stats().nodes_recorded;
-  CHECK_THROWS_AS(y.slice(0, 1, 3) *= x.slice(0, 1, 3), InvalidArgument);
+  CHECK_THROWS_AS(x.slice(0, 1, 3) *= y.slice(0, 1, 3), InvalidArgument);
+  CHECK_THROWS_AS(x.reshape({2, 2}).transpose().slice(0, 0, 1).assign(y.slice(0, 0, 2).reshape({1, 2})),
+                  InvalidArgument);
   CHECK(nd::engine().stats().nodes_recorded == before_view);
+}
+
+TEST_CASE("writes through views match finite differences") {
+  // PyTorch's CopySlices: a write through a view changes its base's values
+  // and history; outside the view the gradient goes to the base's values
+  // before the write, inside it to the written values.
+  check_gradient("through views", [](const std::vector<NDArray>& x) {
+    const Device dev = x[0].device();
+    NDArray y = x[0] * 2.0;                                 // [3, 4]
+    y.slice(0, 1, 2) += x[1];                                // a row, x[1] broadcast
+    y.slice(1, 0, 2) *= x[0].slice(1, 2, 4);                 // needs the view's old values
+    y.transpose().slice(0, 3, 4).assign(x[1].slice(0, 0, 3).reshape({1, 3}));  // a view of a view
+    y.reshape({12}).slice(0, 5, 9) -= x[1] * x[1];           // through a reshape
+    NDArray v = y.slice(0, 2, 3);
+    v /= x[1] + 3.0;                                         // the view is used after the write too
+    NDArray acc = nd::zeros({3, 4}, DType::kFloat64, dev);  // outside the graph until written
+    acc.slice(0, 0, 2) += y.slice(0, 1, 3);
+    acc.slice(1, 3, 4).assign(nd::ones({3, 1}, DType::kFloat64, dev));  // constants: no gradient inside
+    return acc * y + v;
+  }, {{{3, 4}}, {{4}, 0.5, 2.0}});
+  // A write with no gradient inside the view cuts it from the base's old
+  // values there.
+  check_gradient("constant through a view", [](const std::vector<NDArray>& x) {
+    NDArray y = nd::exp(x[0]) * 1.0;  // (exp saves its output: the multiply is the array written)
+    y.slice(0, 0, 1).assign(nd::zeros({1, 2}, DType::kFloat64, x[0].device()));
+    return y * y;
+  }, {{{2, 2}}});
 }
 
 TEST_CASE("an array saved for backward and modified in place since is refused, recording nothing") {

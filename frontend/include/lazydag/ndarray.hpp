@@ -56,6 +56,10 @@ struct ArrayState {
   /// Set by requires_grad(true) (a leaf) or by a differentiable op whose
   /// input requires grad (its backward node); null otherwise.
   mutable std::shared_ptr<AutogradMeta> autograd;
+  /// A view's base: the array it was made from (through other views: the
+  /// first, which is no view), while that is alive. A differentiable write
+  /// through the view rewrites the base's autograd record.
+  std::weak_ptr<const ArrayState> base;
 };
 struct Access;
 }  // namespace detail

@@ -449,9 +449,25 @@ def test_in_place_ops_in_the_gradient_graph_match_numpy():
     # d/dx sum((2x + b) * x / b) = (4x + b) / b; d/db = sum over rows of -2x^2 / b^2
     np.testing.assert_allclose(X.grad.asnumpy(), (4 * x + b) / b, rtol=1e-12)
     np.testing.assert_allclose(B.grad.asnumpy(), (-2 * x * x / (b * b)).sum(0), rtol=1e-12)
-    v = y.slice(0, 0, 1)
-    with pytest.raises(ValueError, match="whole array"):
-        v += 1.0  # through a view: refused
+    # Through a view: the write reaches y's values and its gradient.
+    X.zero_grad()
+    B.zero_grad()
+    y = X * 3.0
+    v = y.slice(1, 1, 3)
+    v *= B.slice(0, 0, 2)  # columns 1 and 2 of y times b[0:2], broadcast over the rows
+    (y * y).sum().backward()
+    want = 3 * x.copy()
+    want[:, 1:3] *= b[0:2]
+    scale = np.ones(4)
+    scale[1:3] = b[0:2]
+    np.testing.assert_allclose(y.asnumpy(), want, rtol=1e-12)
+    np.testing.assert_allclose(X.grad.asnumpy(), 2 * want * 3 * scale, rtol=1e-12)
+    gb = np.zeros(4)
+    gb[0:2] = (2 * want[:, 1:3] * 3 * x[:, 1:3]).sum(0)
+    np.testing.assert_allclose(B.grad.asnumpy(), gb, rtol=1e-12)
+    with pytest.raises(ValueError, match="view of a leaf"):
+        w = X.slice(0, 0, 1)
+        w += 1.0  # a view of a leaf that requires grad: refused
 
 
 def test_npy_files_move_to_and_from_numpy(tmp_path):

@@ -1,10 +1,11 @@
 // Lazy fusion of elementwise ops.
 //
-// Each thread has one open group: consecutive elementwise ops on one CPU
-// or sim device whose results share one shape. An op joins the group instead of
+// Each thread has one open group: consecutive elementwise ops on one
+// device whose results share one shape. An op joins the group instead of
 // being recorded; its result is an array whose storage has a var but no
 // buffer, and every storage the group reads or writes points at the group.
-// The group is recorded into the engine as one node (ops::cpu::fused) when
+// The group is recorded into the engine as one node (ops::fused: the CPU's
+// tile interpreter, or on a gpu one kernel running every step) when
 //   - the thread records an op that does not join it (another device or
 //     shape, a non-elementwise op, the group full), or
 //   - anything else touches one of its storages: every access to an array
@@ -165,7 +166,7 @@ void flush_locked(Group& g) {
           for (std::size_t i = 0; i < p.kept.size(); ++i) {
             if (p.kept[i]) out[i] = view_of(*p.kept[i]);
           }
-          ops::cpu::fused(p.steps, in, out, p.domain);
+          ops::fused(ctx, p.steps, in, out, p.domain);  // a CPU loop over tiles, or one CUDA kernel
         },
         reads, writes, o);
   }
@@ -222,7 +223,7 @@ void settle_storage(const Storage& s) {
 
 }  // namespace
 
-bool active(Device dev) {
+bool active() {
   int on = g_enabled.load(std::memory_order_relaxed);
   if (on < 0) {
     const char* e = std::getenv("LAZYDAG_FUSION");
@@ -230,9 +231,7 @@ bool active(Device dev) {
     int expected = -1;
     if (!g_enabled.compare_exchange_strong(expected, on, std::memory_order_relaxed)) on = expected;
   }
-  // The CPU and the emulated stream device (whose kernels are the CPU's);
-  // a GPU records each op as a kernel of its own.
-  return on != 0 && dev.kind != DeviceKind::kGpu && nd::engine().policy() != engine::Policy::kNaive;
+  return on != 0 && nd::engine().policy() != engine::Policy::kNaive;
 }
 
 void settle(const ArrayState& s) {
@@ -350,7 +349,7 @@ void set_fusion(bool on) {
 void flush_fused() { detail::fusion::flush_all(); }
 
 bool fusion_enabled() {
-  (void)detail::fusion::active(cpu());
+  (void)detail::fusion::active();
   return detail::fusion::g_enabled.load(std::memory_order_relaxed) == 1;
 }
 

@@ -13,10 +13,10 @@
 
 namespace lazydag::detail::fusion {
 
-/// Whether an elementwise op on `dev` recorded now would be fused: fusion
-/// on (nd::set_fusion, LAZYDAG_FUSION), a CPU or sim device, and an engine policy
-/// other than naive (which runs each op as it is recorded).
-[[nodiscard]] bool active(Device dev);
+/// Whether an elementwise op recorded now would be fused (on any device):
+/// fusion on (nd::set_fusion, LAZYDAG_FUSION) and an engine policy other
+/// than naive (which runs each op as it is recorded).
+[[nodiscard]] bool active();
 
 /// Appends `step` (operands: in[k] >= 0 is inputs[in[k]]; the step's own
 /// references are rewritten here) to the calling thread's open group and

@@ -273,7 +273,7 @@ StatePtr dense(const StatePtr& a) {
 template <class Rec>
 StatePtr elementwise(ops::FusedStep step, std::initializer_list<StatePtr> inputs, const Shape& shape, DType t,
                      Device dev, const char* name, Rec rec, bool fusible = true) {
-  if (fusible && detail::fusion::active(dev)) {
+  if (fusible && detail::fusion::active()) {
     check_shape(shape, name);
     std::array<StatePtr, 3> in;
     std::size_t n = 0;

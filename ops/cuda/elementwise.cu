@@ -3,6 +3,7 @@
 // (the CPU's generator), and the copies. One grid-stride kernel template over
 // strided views; each op is a small functor.
 #include "common.cuh"
+#include "element_ops.cuh"
 
 #include <cmath>
 #include <string>
@@ -14,6 +15,8 @@ using detail::check_launch;
 using detail::convert_value;
 using detail::Indexer;
 using detail::make_indexer;
+using detail::apply_binary;
+using detail::apply_unary;
 using ops::detail::apply_compare;
 
 namespace {
@@ -37,69 +40,6 @@ void launch_map(void* stream, const TensorView* const (&views)[N], const Shape& 
   detail::clear_last_error();
   map_kernel<N, F><<<blocks_for(n), 256, 0, detail::as_stream(stream)>>>(ix, n, f);
   check_launch(name);
-}
-
-template <class T>
-__device__ T apply_unary(UnaryOp op, T x) {
-  if constexpr (std::is_same_v<T, bool>) {
-    return x;  // refused at record time
-  } else {
-    switch (op) {
-      case UnaryOp::kNeg:
-        if constexpr (std::is_integral_v<T>) return ops::detail::wrap_sub<T>(T(0), x);
-        else return -x;
-      case UnaryOp::kAbs:
-        if constexpr (std::is_integral_v<T>) return x < 0 ? ops::detail::wrap_sub<T>(T(0), x) : x;
-        else return x < 0 ? -x : x;
-      case UnaryOp::kRelu: return x > 0 ? x : T(0);
-      default: break;
-    }
-    if constexpr (std::is_floating_point_v<T>) {
-      switch (op) {
-        case UnaryOp::kExp: return exp(x);
-        case UnaryOp::kLog: return log(x);
-        case UnaryOp::kSqrt: return sqrt(x);
-        case UnaryOp::kTanh: return tanh(x);
-        case UnaryOp::kSigmoid: return T(1) / (T(1) + exp(-x));
-        case UnaryOp::kLog1p: return log1p(x);
-        default: break;
-      }
-    }
-    return x;
-  }
-}
-
-// Integer division by zero gives 0 here (a kernel cannot throw; the CPU
-// kernels report it as an error).
-template <class T>
-__device__ T apply_binary(BinaryOp op, T a, T b) {
-  if constexpr (std::is_same_v<T, bool>) {
-    return a;  // refused at record time
-  } else {
-    switch (op) {
-      case BinaryOp::kAdd:
-        if constexpr (std::is_integral_v<T>) return ops::detail::wrap_add(a, b);
-        else return a + b;
-      case BinaryOp::kSub:
-        if constexpr (std::is_integral_v<T>) return ops::detail::wrap_sub(a, b);
-        else return a - b;
-      case BinaryOp::kMul:
-        if constexpr (std::is_integral_v<T>) return ops::detail::wrap_mul(a, b);
-        else return a * b;
-      case BinaryOp::kDiv:
-        if constexpr (std::is_integral_v<T>) {
-          if (b == 0) return T(0);
-          if (b == -1) return ops::detail::wrap_sub<T>(T(0), a);
-        }
-        return a / b;
-      case BinaryOp::kPow:
-        if constexpr (std::is_floating_point_v<T>) return pow(a, b);
-        else return a;
-      case BinaryOp::kMax: return a < b ? b : a;
-      case BinaryOp::kMin: return b < a ? b : a;
-    }
-    return a;
-  }
 }
 
 template <class T>

@@ -19,6 +19,9 @@ void where(void*, const TensorView&, const TensorView&, const TensorView&, const
 void copy_cast(void*, const TensorView&, const TensorView&) { unavailable(); }
 void reduce(void*, ReduceOp, const TensorView&, bool, int, const TensorView&) { unavailable(); }
 void matmul(void*, const TensorView&, const TensorView&, const TensorView&) { unavailable(); }
+void fused(void*, std::span<const FusedStep>, std::span<const TensorView>, std::span<const TensorView>, const Shape&) {
+  unavailable();
+}
 void fill(void*, const TensorView&, double) { unavailable(); }
 void arange(void*, const TensorView&, double, double) { unavailable(); }
 void random_uniform(void*, const TensorView&, std::uint64_t, double, double) { unavailable(); }

@@ -47,6 +47,10 @@ void matmul(const engine::RunContext& ctx, const TensorView& a, const TensorView
             const TensorView& out) {
   on_gpu(ctx) ? cuda::matmul(ctx.stream, a, b, out) : cpu::matmul(a, b, out);
 }
+void fused(const engine::RunContext& ctx, std::span<const FusedStep> steps, std::span<const TensorView> inputs,
+           std::span<const TensorView> outputs, const Shape& domain) {
+  on_gpu(ctx) ? cuda::fused(ctx.stream, steps, inputs, outputs, domain) : cpu::fused(steps, inputs, outputs, domain);
+}
 void fill(const engine::RunContext& ctx, const TensorView& out, double value) {
   on_gpu(ctx) ? cuda::fill(ctx.stream, out, value) : cpu::fill(out, value);
 }

@@ -95,6 +95,86 @@ TEST_SUITE("gpu") {
     CHECK((hb32.copyto(gpu(0)) + 1.0).to_vector<std::int32_t>() == (hb32 + 1.0).to_vector<std::int32_t>());
   }
 
+  TEST_CASE("Gpu.FusedProgramsMatchTheUnfusedKernelsBitForBit" * doctest::timeout(120)) {
+    // Every kind of step (unary, binary, scalar both ways, comparisons,
+    // where, casts), row and column broadcasts, a transposed input, three
+    // dtypes, held and dropped intermediates: one fused kernel against one
+    // kernel per op.
+    const Device g = gpu(0);
+    const NDArray x = nd::array(test::random_values<float>(300 * 257, 21), {300, 257}, cpu()).copyto(g);
+    const NDArray xt = nd::array(test::random_values<float>(257 * 300, 22), {257, 300}, cpu()).copyto(g).transpose();
+    const NDArray row = nd::array(test::random_values<float>(257, 23), {257}, cpu()).copyto(g);
+    const NDArray col = nd::array(test::random_values<float>(300, 24), {300, 1}, cpu()).copyto(g);
+    const NDArray ints =
+        nd::array(test::random_values<std::int32_t>(300 * 257, 25, -1e9, 1e9), {300, 257}, cpu()).copyto(g);
+    auto program = [&] {
+      NDArray a = x * row + col;
+      NDArray held = nd::tanh(a);
+      NDArray m = nd::where(a > 0.25, nd::exp(-a), nd::sigmoid(a) / 3.0);
+      NDArray k = (ints + 3.0) * ints;  // wraps
+      NDArray f = m + k.astype(DType::kFloat32) * 1e-9 - nd::relu(xt) + (2.0 - nd::abs(a)) * nd::sqrt(nd::abs(col));
+      NDArray d = (f.astype(DType::kFloat64) + 1.0) / (nd::log1p(nd::abs(a)).astype(DType::kFloat64) + 0.5);
+      NDArray cmp = (f >= held) == (a < row);
+      return std::vector<NDArray>{held, k, f, d, cmp, nd::maximum(f, held), nd::minimum(2.0 - f, held)};
+    };
+    const bool was = nd::fusion_enabled();
+    nd::set_fusion(false);
+    nd::waitall();
+    const auto before_unfused = nd::engine().stats().nodes_recorded;
+    const std::vector<NDArray> unfused = program();
+    nd::waitall();
+    const auto unfused_nodes = nd::engine().stats().nodes_recorded - before_unfused;
+    nd::set_fusion(true);
+    const auto before_fused = nd::engine().stats().nodes_recorded;
+    const std::vector<NDArray> fused = program();
+    nd::waitall();
+    const auto fused_nodes = nd::engine().stats().nodes_recorded - before_fused;
+    nd::set_fusion(was);
+    CHECK(fused_nodes < unfused_nodes);
+    CHECK(fused[0].to_vector<float>() == unfused[0].to_vector<float>());
+    CHECK(fused[1].to_vector<std::int32_t>() == unfused[1].to_vector<std::int32_t>());
+    CHECK(fused[2].to_vector<float>() == unfused[2].to_vector<float>());
+    CHECK(fused[3].to_vector<double>() == unfused[3].to_vector<double>());
+    CHECK(fused[4].to_vector<bool>() == unfused[4].to_vector<bool>());
+    CHECK(fused[5].to_vector<float>() == unfused[5].to_vector<float>());
+    CHECK(fused[6].to_vector<float>() == unfused[6].to_vector<float>());
+  }
+
+  TEST_CASE("Gpu.TrainingStepsMatchTheCpu" * doctest::timeout(120)) {
+    // cross_entropy forward and backward, and Adam steps, on the GPU
+    // against the same steps on the CPU from the same parameters.
+    const NDArray x = nd::array(test::random_values<float>(64 * 20, 31), {64, 20}, cpu());
+    std::vector<std::int64_t> labels(64);
+    for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<std::int64_t>((i * 7) % 10);
+    const NDArray y = nd::array(labels, {64}, cpu());
+    const NDArray w1 = nd::array(test::random_values<float>(20 * 32, 32, -0.3, 0.3), {20, 32}, cpu());
+    const NDArray b1 = nd::array(test::random_values<float>(32, 33, -0.1, 0.1), {32}, cpu());
+    const NDArray w2 = nd::array(test::random_values<float>(32 * 10, 34, -0.3, 0.3), {32, 10}, cpu());
+    auto train = [&](Device dev) {
+      std::vector<NDArray> p = {w1.copyto(dev), b1.copyto(dev), w2.copyto(dev)};
+      for (auto& q : p) q.requires_grad(true);
+      optim::Adam opt(p, {.lr = 1e-2});
+      const NDArray xd = x.copyto(dev);
+      const NDArray yd = y.copyto(dev);
+      std::vector<float> losses;
+      for (int step = 0; step < 5; ++step) {
+        opt.zero_grad();
+        NDArray loss = nd::cross_entropy(nd::matmul(nd::relu(nd::matmul(xd, p[0]) + p[1]), p[2]), yd);
+        loss.backward();
+        opt.step();
+        losses.push_back(loss.item<float>());
+      }
+      return std::pair{losses, p};
+    };
+    const auto [gl, gp] = train(gpu(0));
+    const auto [cl, cp] = train(cpu());
+    check_close(gl, cl, 1e-4, 1e-5);
+    for (std::size_t i = 0; i < gp.size(); ++i) {
+      CHECK(gp[i].device() == gpu(0));
+      check_close(gp[i].to_vector<float>(), cp[i].to_vector<float>(), 1e-4, 1e-5);
+    }
+  }
+
   TEST_CASE("Gpu.DependentOpsNeedNoHostSync" * doctest::timeout(120)) {
     NDArray x = nd::zeros({256}, DType::kFloat32, gpu(0));
     nd::waitall();

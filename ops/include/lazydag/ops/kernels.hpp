@@ -108,6 +108,11 @@ void reduce(const engine::RunContext& ctx, ReduceOp op, const TensorView& a, boo
             const TensorView& out);
 void matmul(const engine::RunContext& ctx, const TensorView& a, const TensorView& b,
             const TensorView& out);
+/// A fused elementwise program (cpu::fused): on a gpu one kernel whose
+/// threads run every step for their elements in registers, each step
+/// through the unfused kernel's element function.
+void fused(const engine::RunContext& ctx, std::span<const FusedStep> steps, std::span<const TensorView> inputs,
+           std::span<const TensorView> outputs, const Shape& domain);
 void fill(const engine::RunContext& ctx, const TensorView& out, double value);
 void arange(const engine::RunContext& ctx, const TensorView& out, double start, double step);
 void random_uniform(const engine::RunContext& ctx, const TensorView& out, std::uint64_t seed,
@@ -141,6 +146,9 @@ void copy_cast(void* stream, const TensorView& a, const TensorView& out);
 void reduce(void* stream, ReduceOp op, const TensorView& a, bool all, int axis, const TensorView& out);
 /// cuBLAS (a handle per stream), row-major via the transposed product.
 void matmul(void* stream, const TensorView& a, const TensorView& b, const TensorView& out);
+/// At most 32 steps and 16 inputs (the frontend's group limits).
+void fused(void* stream, std::span<const FusedStep> steps, std::span<const TensorView> inputs,
+           std::span<const TensorView> outputs, const Shape& domain);
 void fill(void* stream, const TensorView& out, double value);
 void arange(void* stream, const TensorView& out, double start, double step);
 /// The same counter-based generator as the CPU's: identical values for a

@@ -89,6 +89,21 @@ TEST_SUITE("gpu") {
           nd::arange(1, 10001, 0.1, DType::kFloat64, cpu()).to_vector<double>());
     check_close(nd::random_normal({4096}, gpu(0), 5, 0, 1, DType::kFloat64).to_vector<double>(),
                 nd::random_normal({4096}, cpu(), 5, 0, 1, DType::kFloat64).to_vector<double>(), 1e-12, 1e-12);
+    {
+      // one kernel per op (fusion off), the dense 128-bit path among them:
+      // an odd length, so whole packs and a tail
+      const bool was = nd::fusion_enabled();
+      nd::set_fusion(false);
+      const NDArray d = nd::array(test::random_values<float>(10001, 13), {10001}, cpu());
+      auto ops = [](const NDArray& v) { return nd::exp(v * 0.5) - v / 3.0 + nd::maximum(v, v * v) - 1.0 / (v * v + 1.0); };
+      check_close(ops(d.copyto(gpu(0))).to_vector<float>(), ops(d).to_vector<float>(), 1e-5, 1e-6);
+      const NDArray di = d.astype(DType::kInt32);
+      CHECK((di.copyto(gpu(0)) * 3.0 + di.copyto(gpu(0))).to_vector<std::int32_t>() ==
+            (di * 3.0 + di).to_vector<std::int32_t>());
+      const NDArray dd = d.astype(DType::kFloat64);
+      CHECK((dd.copyto(gpu(0)) * dd.copyto(gpu(0)) - 2.0).to_vector<double>() == (dd * dd - 2.0).to_vector<double>());
+      nd::set_fusion(was);
+    }
     // integer arithmetic wraps as on the CPU
     const std::vector<std::int32_t> big{2147483647, -2147483647 - 1, 7};
     NDArray hb32 = nd::array(big, {3}, cpu());

@@ -803,7 +803,8 @@ PYBIND11_MODULE(lazydag, m) {
   ndm.def("softmax", &nd::softmax, py::arg("x"), py::arg("axis") = -1);
   ndm.def("log_softmax", &nd::log_softmax, py::arg("x"), py::arg("axis") = -1);
   ndm.def("logsumexp", &nd::logsumexp, py::arg("x"), py::arg("axis") = -1, py::arg("keepdims") = false);
-  ndm.def("cross_entropy", &nd::cross_entropy, py::arg("logits"), py::arg("labels"));
+  ndm.def("cross_entropy", py::overload_cast<const NDArray&, const NDArray&, double>(&nd::cross_entropy),
+          py::arg("logits"), py::arg("labels"), py::arg("label_smoothing") = 0.0);
   ndm.def("mse_loss", &nd::mse_loss);
   ndm.def("clip", &nd::clip);
   ndm.def("take", [](const NDArray& a, const NDArray& indices, const py::object& axis) {

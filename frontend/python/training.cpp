@@ -131,7 +131,8 @@ void bind_training(py::module_& m, py::module_& dm) {
       .def_property_readonly("steps", &optim::Optimizer::steps)
       .def_property_readonly("params", &optim::Optimizer::params)
       .def("state", &optim::Optimizer::state)
-      .def("load_state", &optim::Optimizer::load_state, py::arg("state"));
+      .def("load_state", &optim::Optimizer::load_state, py::arg("state"))
+      .def_property("lr", &optim::Optimizer::lr, &optim::Optimizer::set_lr);
   py::class_<optim::SGD, optim::Optimizer>(om, "SGD")
       .def(py::init([](std::vector<NDArray> params, double lr, double momentum, double dampening, double weight_decay,
                        bool nesterov) {

@@ -229,6 +229,15 @@ NDArray cross_entropy(const NDArray& logits, const NDArray& labels) {
   return out;
 }
 
+NDArray cross_entropy(const NDArray& logits, const NDArray& labels, double label_smoothing) {
+  if (!(label_smoothing >= 0.0 && label_smoothing <= 1.0)) {
+    throw InvalidArgument("cross_entropy: label_smoothing must be in [0, 1], got " + std::to_string(label_smoothing));
+  }
+  NDArray hard = cross_entropy(logits, labels);  // checks the shapes, dtypes and devices
+  if (label_smoothing == 0.0) return hard;
+  return hard * (1.0 - label_smoothing) - log_softmax(logits, 1).mean() * label_smoothing;
+}
+
 }  // namespace lazydag::nd
 
 namespace lazydag::detail {

@@ -146,6 +146,11 @@ SGD::SGD(std::vector<NDArray> params, SGDOptions o) : Optimizer(std::move(params
         "nesterov needs momentum > 0 and dampening 0; momentum", o.momentum);
 }
 
+void SGD::set_lr(double lr) {
+  check(lr >= 0.0, "SGD", "lr must be >= 0", lr);
+  o_.lr = lr;
+}
+
 void SGD::update(std::size_t i, const NDArray& g, std::int64_t) {
   NDArray& p = param(i);
   const bool momentum = o_.momentum != 0.0;
@@ -177,6 +182,11 @@ Adam::Adam(std::vector<NDArray> params, AdamOptions o) : Optimizer(std::move(par
   check(o.beta2 >= 0.0 && o.beta2 < 1.0, "Adam", "beta2 must be in [0, 1)", o.beta2);
   check(o.eps >= 0.0, "Adam", "eps must be >= 0", o.eps);
   check(o.weight_decay >= 0.0, "Adam", "weight_decay must be >= 0", o.weight_decay);
+}
+
+void Adam::set_lr(double lr) {
+  check(lr >= 0.0, "Adam", "lr must be >= 0", lr);
+  o_.lr = lr;
 }
 
 void Adam::update(std::size_t i, const NDArray& g, std::int64_t t) {

@@ -1,4 +1,5 @@
-// The digits MLP's training step (docs/examples/train_digits.cpp: 64-128-10,
+// The digits MLP's training step (64-128-10 on the images as they are;
+// docs/examples/train_digits.cpp trains a larger one on augmented images;
 // Adam, batch 64, shuffled minibatches) beside PyTorch's in the same run
 // (tests/bench/torch_digits.py at 1 and 2 threads, its best taken).
 //   bench_train digits.csv torch_digits.py [python]

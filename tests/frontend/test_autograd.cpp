@@ -179,6 +179,9 @@ TEST_CASE("softmax, logsumexp and the losses: values and gradients") {
   const NDArray labels = nd::array(std::vector<std::int64_t>{2, 0, 3}, {3});
   check_gradient("cross_entropy", [&](auto& x) { return nd::cross_entropy(x[0], labels.as_in_device(x[0].device())); },
                  {{{3, 4}}});
+  check_gradient("cross_entropy, smoothed",
+                 [&](auto& x) { return nd::cross_entropy(x[0], labels.as_in_device(x[0].device()), 0.3); },
+                 {{{3, 4}}});
   check_gradient("mse_loss", [](auto& x) { return nd::mse_loss(x[0], x[1]); }, {{{2, 3}}, {{2, 3}}});
 
   // Values against a double-precision reference, with large logits that
@@ -199,6 +202,15 @@ TEST_CASE("softmax, logsumexp and the losses: values and gradients") {
   const double ce = nd::cross_entropy(logits, y).item<double>();
   auto nll = [](double a, double b, double c, double pick) { return std::log(std::exp(a) + std::exp(b) + std::exp(c)) - pick; };
   CHECK(ce == doctest::Approx((nll(2.0, 1.0, 0.1, 2.0) + nll(0.5, 2.5, 0.3, 2.5)) / 2));
+  // Smoothed targets: 1 - e on the label and e / C on every class.
+  auto smoothed = [&](double a, double b, double c, double pick, double e) {
+    return (1 - e) * nll(a, b, c, pick) + e / 3 * (nll(a, b, c, a) + nll(a, b, c, b) + nll(a, b, c, c));
+  };
+  CHECK(nd::cross_entropy(logits, y, 0.4).item<double>() ==
+        doctest::Approx((smoothed(2.0, 1.0, 0.1, 2.0, 0.4) + smoothed(0.5, 2.5, 0.3, 2.5, 0.4)) / 2).epsilon(1e-12));
+  CHECK(nd::cross_entropy(logits, y, 0.0).item<double>() == ce);
+  CHECK_THROWS_AS((void)nd::cross_entropy(logits, y, 1.5), InvalidArgument);
+  CHECK_THROWS_AS((void)nd::cross_entropy(logits, y, -0.1), InvalidArgument);
   CHECK(nd::one_hot(y, 3).to_vector<float>() == std::vector<float>{1, 0, 0, 0, 1, 0});
   CHECK_THROWS_AS((void)nd::one_hot(logits, 3), InvalidArgument);
   CHECK_THROWS_AS(nd::cross_entropy(logits, nd::array(std::vector<std::int32_t>{0, 3}, {2})).wait_to_read(), OpError);

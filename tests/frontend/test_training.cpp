@@ -161,11 +161,14 @@ TEST_CASE("Adam and AdamW match the reference update; state saves and loads") {
     for (int step = 1; step <= 5; ++step) {
       const auto g = randoms(5, 20 + step);
       set_grad(p, g);
+      const double lr = step <= 2 ? o.lr : 0.003;  // a schedule: lowered from the third step
+      if (step == 3) opt->set_lr(lr);
+      CHECK(opt->lr() == lr);
       opt->step();
       for (std::size_t i = 0; i < 5; ++i) {
         double d = g[i];
         if (decoupled) {
-          pv[i] *= 1 - o.lr * o.weight_decay;
+          pv[i] *= 1 - lr * o.weight_decay;
         } else {
           d += o.weight_decay * pv[i];
         }
@@ -173,9 +176,11 @@ TEST_CASE("Adam and AdamW match the reference update; state saves and loads") {
         v[i] = o.beta2 * v[i] + (1 - o.beta2) * d * d;
         const double mh = m[i] / (1 - std::pow(o.beta1, step));
         const double vh = v[i] / (1 - std::pow(o.beta2, step));
-        pv[i] -= o.lr * mh / (std::sqrt(vh) + o.eps);
+        pv[i] -= lr * mh / (std::sqrt(vh) + o.eps);
       }
     }
+    CHECK_THROWS_AS(opt->set_lr(-1.0), InvalidArgument);
+    CHECK(opt->lr() == 0.003);
     check_close(values(p), pv, 1e-12);
 
     // A second optimizer loaded with the first's state continues identically.

@@ -20,6 +20,10 @@ namespace lazydag::nd {
 /// Mean over the batch of -log_softmax(logits)[i, labels[i]]: logits of
 /// shape [N, C] (float), labels of shape [N] (int32 or int64).
 [[nodiscard]] NDArray cross_entropy(const NDArray& logits, const NDArray& labels);
+/// The same against smoothed targets (PyTorch's label_smoothing): 1 - e on
+/// the label plus e / C on every class, i.e. (1 - e) cross_entropy + e times
+/// the mean over rows and classes of -log_softmax. `e` in [0, 1].
+[[nodiscard]] NDArray cross_entropy(const NDArray& logits, const NDArray& labels, double label_smoothing);
 /// `a` with a length-1 axis inserted at `axis` (-1: last); a view.
 [[nodiscard]] NDArray unsqueeze(const NDArray& a, int axis);
 /// `a` without its length-1 axis `axis`; a view. InvalidArgument when that

@@ -36,6 +36,10 @@ class Optimizer {
   /// Restores what state() returned (the same optimizer type over
   /// parameters of the same shapes). Recorded copies; returns at once.
   void load_state(const State& s);
+  /// The learning rate later steps use; set_lr changes it (a schedule:
+  /// steps already recorded keep theirs). InvalidArgument unless lr >= 0.
+  [[nodiscard]] virtual double lr() const noexcept = 0;
+  virtual void set_lr(double lr) = 0;
 
  protected:
   /// Records parameter i's update with gradient g; `t` is the step, from 1.
@@ -65,6 +69,8 @@ class SGD : public Optimizer {
  public:
   SGD(std::vector<NDArray> params, SGDOptions o);
   [[nodiscard]] const SGDOptions& options() const noexcept { return o_; }
+  [[nodiscard]] double lr() const noexcept override { return o_.lr; }
+  void set_lr(double lr) override;
 
  private:
   void update(std::size_t i, const NDArray& g, std::int64_t t) override;
@@ -87,6 +93,8 @@ class Adam : public Optimizer {
  public:
   Adam(std::vector<NDArray> params, AdamOptions o);
   [[nodiscard]] const AdamOptions& options() const noexcept { return o_; }
+  [[nodiscard]] double lr() const noexcept override { return o_.lr; }
+  void set_lr(double lr) override;
 
  private:
   void update(std::size_t i, const NDArray& g, std::int64_t t) override;

@@ -417,6 +417,15 @@ def test_cross_entropy_and_its_gradient_match_numpy():
     want = p.copy()
     want[np.arange(6), y] -= 1
     np.testing.assert_allclose(Z.grad.asnumpy(), want / 6, rtol=1e-12, atol=1e-15)
+    # Smoothed targets (PyTorch's label_smoothing): 1 - e on the label, e / C everywhere.
+    Z.zero_grad()
+    e = 0.3
+    q = np.full((6, 4), e / 4)
+    q[np.arange(6), y] += 1 - e
+    smoothed = nd.cross_entropy(Z, nd.array(y), label_smoothing=e)
+    assert smoothed.item() == pytest.approx(-(q * np.log(p)).sum(1).mean(), rel=1e-12)
+    smoothed.backward()
+    np.testing.assert_allclose(Z.grad.asnumpy(), (p - q) / 6, rtol=1e-12, atol=1e-15)
 
 
 def test_no_grad_and_in_place_rules():

@@ -120,6 +120,15 @@ def test_optimizer_updates_match_the_formulas(kind):
         opt.step()
     assert opt.steps == len(grads)
     np.testing.assert_allclose(w.asnumpy(), want, rtol=1e-10, atol=1e-12)
+    # A schedule: a zero rate leaves the parameters as they are.
+    assert opt.lr == pytest.approx(0.05 if kind == "adam" else 0.1)
+    opt.lr = 0.0
+    opt.zero_grad()
+    (w * nd.array(grads[0])).sum().backward()
+    opt.step()
+    np.testing.assert_allclose(w.asnumpy(), want, rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match="lr must be >= 0"):
+        opt.lr = -1.0
 
 
 def test_python_modules_held_only_by_a_sequential_survive():

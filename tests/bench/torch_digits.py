@@ -1,6 +1,8 @@
-# The peer of bench_train: the same 64-128-10 MLP, batch, optimizer and
-# shuffled minibatches in PyTorch, on `threads` intra-op threads.
-#   torch_digits.py digits.csv threads epochs [shuffled|first]
+# The peer of bench_train: the same MLP, batch, optimizer and shuffled
+# minibatches in PyTorch, on `threads` intra-op threads.
+#   torch_digits.py digits.csv threads epochs [shuffled|first] [hidden lr smoothing]
+# (hidden: comma-separated layer widths, default 128; lr default 2e-3;
+# label smoothing default 0).
 # Prints step_us= (median over epochs of epoch time / steps) and the
 # test_accuracy= of the split (the first 1,500 rows of a seeded permutation,
 # or of the file), or skipped=... when PyTorch is not installed.
@@ -17,6 +19,9 @@ except ImportError:
 
 path, threads, epochs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 split = sys.argv[4] if len(sys.argv) > 4 else "shuffled"
+hidden = [int(h) for h in sys.argv[5].split(",")] if len(sys.argv) > 5 else [128]
+lr = float(sys.argv[6]) if len(sys.argv) > 6 else 2e-3
+smoothing = float(sys.argv[7]) if len(sys.argv) > 7 else 0.0
 torch.set_num_threads(threads)
 d = np.loadtxt(path, delimiter=",")
 if split == "shuffled":
@@ -26,8 +31,12 @@ y = torch.tensor(d[:1500, 64], dtype=torch.long)
 x_test = torch.tensor(d[1500:, :64] / 16.0, dtype=torch.float32)
 y_test = torch.tensor(d[1500:, 64], dtype=torch.long)
 torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
-opt = torch.optim.Adam(model.parameters(), lr=2e-3)
+layers, width = [], 64
+for h in hidden:
+    layers += [torch.nn.Linear(width, h), torch.nn.ReLU()]
+    width = h
+model = torch.nn.Sequential(*layers, torch.nn.Linear(width, 10))
+opt = torch.optim.Adam(model.parameters(), lr=lr)
 g = torch.Generator().manual_seed(1)
 times = []
 steps = 0
@@ -38,7 +47,7 @@ for e in range(epochs + 2):
     for i in range(0, 1500, 64):
         idx = order[i:i + 64]
         opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
+        loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx], label_smoothing=smoothing)
         loss.backward()
         opt.step()
         steps += 1

@@ -4,6 +4,7 @@
 // many recorded ops per parameter), elementwise ops on a GPU.
 #include <lazydag/autograd.hpp>
 #include <lazydag/optim.hpp>
+#include <lazydag/ops/kernels.hpp>
 
 #include "internal.hpp"
 
@@ -36,31 +37,6 @@ void sgd_kernel(const std::vector<void*>& ptrs, std::int64_t n, SGDOptions o, bo
       d = o.nesterov ? d + mom * b[i] : b[i];
     }
     p[i] -= lr * d;
-  }
-}
-
-template <class T>
-void adam_kernel(const std::vector<void*>& ptrs, std::int64_t n, AdamOptions o, std::int64_t t) {
-  const T* g = static_cast<const T*>(ptrs[0]);
-  T* p = static_cast<T*>(ptrs[1]);
-  T* m = static_cast<T*>(ptrs[2]);
-  T* v = static_cast<T*>(ptrs[3]);
-  const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(t));
-  const double bc2 = 1.0 - std::pow(o.beta2, static_cast<double>(t));
-  const T b1 = static_cast<T>(o.beta1), b2 = static_cast<T>(o.beta2);
-  const T step = static_cast<T>(o.lr / bc1), rbc2 = static_cast<T>(1.0 / std::sqrt(bc2));
-  const T eps = static_cast<T>(o.eps), wd = static_cast<T>(o.weight_decay);
-  const T shrink = static_cast<T>(1.0 - o.lr * o.weight_decay);
-  for (std::int64_t i = 0; i < n; ++i) {
-    T d = g[i];
-    if (o.decoupled_weight_decay) {
-      p[i] *= shrink;
-    } else {
-      d += wd * p[i];
-    }
-    m[i] = b1 * m[i] + (1 - b1) * d;
-    v[i] = b2 * v[i] + (1 - b2) * d * d;
-    p[i] -= step * m[i] / (std::sqrt(v[i]) * rbc2 + eps);
   }
 }
 
@@ -210,10 +186,13 @@ void Adam::update(std::size_t i, const NDArray& g, std::int64_t t) {
     return;
   }
   const std::int64_t n = p.size();
-  const AdamOptions o = o_;
-  const bool f64 = p.dtype() == DType::kFloat64;
-  detail::record_host_kernel("adam", {g}, {p, m, v}, [n, o, t, f64](const std::vector<void*>& ptrs) {
-    f64 ? adam_kernel<double>(ptrs, n, o, t) : adam_kernel<float>(ptrs, n, o, t);
+  const DType type = p.dtype();
+  const double bc1 = 1.0 - std::pow(o_.beta1, static_cast<double>(t));
+  const double bc2 = 1.0 - std::pow(o_.beta2, static_cast<double>(t));
+  const ops::cpu::AdamStep a{o_.beta1, o_.beta2, o_.eps, o_.weight_decay, o_.lr / bc1, 1.0 / std::sqrt(bc2),
+                             1.0 - o_.lr * o_.weight_decay, o_.decoupled_weight_decay};
+  detail::record_host_kernel("adam", {g}, {p, m, v}, [n, type, a](const std::vector<void*>& ptrs) {
+    ops::cpu::adam_step(type, ptrs[1], ptrs[2], ptrs[3], ptrs[0], n, a);
   });
 }
 

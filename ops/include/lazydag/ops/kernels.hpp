@@ -78,6 +78,16 @@ void matmul(const TensorView& a, const TensorView& b, const TensorView& out);
 /// has null data when nobody reads it (it then lives in a tile's scratch).
 void fused(std::span<const FusedStep> steps, std::span<const TensorView> inputs,
            std::span<const TensorView> outputs, const Shape& domain);
+/// One Adam step (PyTorch's rule) over n contiguous float32 or float64
+/// elements of parameter p, moments m and v, gradient g: with `decoupled`,
+/// p *= shrink first, else g + weight_decay p is the gradient; then
+/// m = b1 m + (1 - b1) d, v = b2 v + (1 - b2) d^2 and
+/// p -= step m / (sqrt(v) rbc2 + eps). Vectorised, in parallel chunks.
+struct AdamStep {
+  double beta1, beta2, eps, weight_decay, step, rbc2, shrink;
+  bool decoupled;
+};
+void adam_step(DType t, void* p, void* m, void* v, const void* g, std::int64_t n, const AdamStep& a);
 /// Fills a contiguous buffer.
 void fill(const TensorView& out, double value);
 void arange(const TensorView& out, double start, double step);

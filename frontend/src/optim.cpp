@@ -23,23 +23,6 @@ void check(bool ok, const char* opt, const char* what, double v) {
   }
 }
 
-template <class T>
-void sgd_kernel(const std::vector<void*>& ptrs, std::int64_t n, SGDOptions o, bool first) {
-  const T* g = static_cast<const T*>(ptrs[0]);
-  T* p = static_cast<T*>(ptrs[1]);
-  T* b = o.momentum != 0.0 ? static_cast<T*>(ptrs[2]) : nullptr;
-  const T lr = static_cast<T>(o.lr), wd = static_cast<T>(o.weight_decay), mom = static_cast<T>(o.momentum);
-  const T damp = static_cast<T>(1.0 - o.dampening);
-  for (std::int64_t i = 0; i < n; ++i) {
-    T d = g[i] + wd * p[i];
-    if (b != nullptr) {
-      b[i] = first ? d : mom * b[i] + damp * d;
-      d = o.nesterov ? d + mom * b[i] : b[i];
-    }
-    p[i] -= lr * d;
-  }
-}
-
 }  // namespace
 
 Optimizer::Optimizer(std::vector<NDArray> params) : params_(std::move(params)) {
@@ -145,10 +128,10 @@ void SGD::update(std::size_t i, const NDArray& g, std::int64_t) {
   std::vector<NDArray> writes = {p};
   if (b != nullptr) writes.push_back(*b);
   const std::int64_t n = p.size();
-  const SGDOptions o = o_;
-  const bool f64 = p.dtype() == DType::kFloat64;
-  detail::record_host_kernel("sgd", {g}, writes, [n, o, first, f64](const std::vector<void*>& ptrs) {
-    f64 ? sgd_kernel<double>(ptrs, n, o, first) : sgd_kernel<float>(ptrs, n, o, first);
+  const DType type = p.dtype();
+  const ops::cpu::SgdStep a{o_.lr, o_.weight_decay, o_.momentum, 1.0 - o_.dampening, o_.nesterov, first};
+  detail::record_host_kernel("sgd", {g}, writes, [n, type, a](const std::vector<void*>& ptrs) {
+    ops::cpu::sgd_step(type, ptrs[1], ptrs.size() > 2 ? ptrs[2] : nullptr, ptrs[0], n, a);
   });
 }
 
@@ -171,6 +154,8 @@ void Adam::update(std::size_t i, const NDArray& g, std::int64_t t) {
   NDArray& v = buffer("v", i);
   if (!m.valid()) m = nd::zeros(p.shape(), p.dtype(), p.device());
   if (!v.valid()) v = nd::zeros(p.shape(), p.dtype(), p.device());
+  const double bc1 = 1.0 - std::pow(o_.beta1, static_cast<double>(t));
+  const double bc2 = 1.0 - std::pow(o_.beta2, static_cast<double>(t));
   if (!detail::runs_host_kernels(p.device())) {
     NDArray d = g;
     if (o_.decoupled_weight_decay) {
@@ -180,15 +165,11 @@ void Adam::update(std::size_t i, const NDArray& g, std::int64_t t) {
     }
     m.assign(m * o_.beta1 + d * (1.0 - o_.beta1));
     v.assign(v * o_.beta2 + d * d * (1.0 - o_.beta2));
-    const double bc1 = 1.0 - std::pow(o_.beta1, static_cast<double>(t));
-    const double bc2 = 1.0 - std::pow(o_.beta2, static_cast<double>(t));
     p -= m * (o_.lr / bc1) / (nd::sqrt(v) * (1.0 / std::sqrt(bc2)) + o_.eps);
     return;
   }
   const std::int64_t n = p.size();
   const DType type = p.dtype();
-  const double bc1 = 1.0 - std::pow(o_.beta1, static_cast<double>(t));
-  const double bc2 = 1.0 - std::pow(o_.beta2, static_cast<double>(t));
   const ops::cpu::AdamStep a{o_.beta1, o_.beta2, o_.eps, o_.weight_decay, o_.lr / bc1, 1.0 / std::sqrt(bc2),
                              1.0 - o_.lr * o_.weight_decay, o_.decoupled_weight_decay};
   detail::record_host_kernel("adam", {g}, {p, m, v}, [n, type, a](const std::vector<void*>& ptrs) {

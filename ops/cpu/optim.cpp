@@ -4,6 +4,7 @@
 #include <lazydag/ops/kernels.hpp>
 
 #include <cmath>
+#include <string>
 
 #include "iterate.hpp"
 
@@ -35,18 +36,49 @@ void adam_chunk(T* __restrict p, T* __restrict m, T* __restrict v, const T* __re
   }
 }
 
+template <class T>
+void sgd_chunk(T* __restrict p, T* __restrict b, const T* __restrict g, std::int64_t lo, std::int64_t hi,
+               const SgdStep& a) {
+  const T lr = static_cast<T>(a.lr), wd = static_cast<T>(a.weight_decay), mom = static_cast<T>(a.momentum);
+  const T damp = static_cast<T>(a.damp);
+  if (b == nullptr) {
+    for (std::int64_t i = lo; i < hi; ++i) p[i] -= lr * (g[i] + wd * p[i]);
+    return;
+  }
+  for (std::int64_t i = lo; i < hi; ++i) {
+    T d = g[i] + wd * p[i];
+    b[i] = a.first ? d : mom * b[i] + damp * d;
+    d = a.nesterov ? d + mom * b[i] : b[i];
+    p[i] -= lr * d;
+  }
+}
+
+template <class F>
+void for_float_type(DType t, const char* name, F&& f) {
+  if (t == DType::kFloat64) {
+    f(double{});
+  } else if (t == DType::kFloat32) {
+    f(float{});
+  } else {
+    throw InvalidArgument(std::string(name) + ": float32 or float64 only");
+  }
+}
+
 }  // namespace
 
+void sgd_step(DType t, void* p, void* b, const void* g, std::int64_t n, const SgdStep& a) {
+  for_float_type(t, "sgd_step", [&]<class T>(T) {
+    detail::parallel_range(n, [&](std::int64_t lo, std::int64_t hi) {
+      sgd_chunk(static_cast<T*>(p), static_cast<T*>(b), static_cast<const T*>(g), lo, hi, a);
+    });
+  });
+}
+
 void adam_step(DType t, void* p, void* m, void* v, const void* g, std::int64_t n, const AdamStep& a) {
-  if (t != DType::kFloat32 && t != DType::kFloat64) throw InvalidArgument("adam_step: float32 or float64 only");
-  detail::parallel_range(n, [&](std::int64_t lo, std::int64_t hi) {
-    if (t == DType::kFloat64) {
-      adam_chunk(static_cast<double*>(p), static_cast<double*>(m), static_cast<double*>(v),
-                 static_cast<const double*>(g), lo, hi, a);
-    } else {
-      adam_chunk(static_cast<float*>(p), static_cast<float*>(m), static_cast<float*>(v),
-                 static_cast<const float*>(g), lo, hi, a);
-    }
+  for_float_type(t, "adam_step", [&]<class T>(T) {
+    detail::parallel_range(n, [&](std::int64_t lo, std::int64_t hi) {
+      adam_chunk(static_cast<T*>(p), static_cast<T*>(m), static_cast<T*>(v), static_cast<const T*>(g), lo, hi, a);
+    });
   });
 }
 

@@ -6,7 +6,7 @@
 // separate kernels'), and stores only the results someone holds. The other
 // step results never leave the thread.
 //
-// The program travels as the kernel's parameter block (about 2.5 KiB of
+// The program travels as the kernel's parameter block (about 2.6 KiB of
 // the 4 KiB CUDA allows): the steps, the inputs' pointers and dtypes, and
 // their strides broadcast to the domain over the merged loop nest the
 // per-op kernels use, so a dense program needs no 64-bit division.

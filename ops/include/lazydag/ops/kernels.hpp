@@ -88,6 +88,15 @@ struct AdamStep {
   bool decoupled;
 };
 void adam_step(DType t, void* p, void* m, void* v, const void* g, std::int64_t n, const AdamStep& a);
+/// One SGD step (PyTorch's rule) over n contiguous float32 or float64
+/// elements: d = g + weight_decay p; with momentum buffer b (null: none),
+/// b = first ? d : momentum b + damp d, then d = nesterov ? d + momentum b
+/// : b; p -= lr d. Vectorised, in parallel chunks.
+struct SgdStep {
+  double lr, weight_decay, momentum, damp;
+  bool nesterov, first;
+};
+void sgd_step(DType t, void* p, void* b, const void* g, std::int64_t n, const SgdStep& a);
 /// Fills a contiguous buffer.
 void fill(const TensorView& out, double value);
 void arange(const TensorView& out, double start, double step);

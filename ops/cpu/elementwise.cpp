@@ -378,18 +378,11 @@ void random_normal(const TensorView& out, std::uint64_t seed, double mean, doubl
 
 // The flat runs of runs.hpp: the kernels' own row functions on one run.
 // They are the fused interpreter's inner loops, where a step's operands are
-// in cache and the arithmetic is the cost: each is compiled twice on x86-64,
-// for the baseline ISA and for AVX2, with everything it calls inlined into
-// it (flatten), and the dynamic loader picks the clone for the running CPU
-// (GCC's target_clones, an ifunc). Both clones compute the same bits as the
-// kernels: IEEE operations element by element, no contraction (AVX2 brings
-// no FMA), the same SLEEF routines (vmath dispatches by itself).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define LAZYDAG_RUN_CLONES __attribute__((target_clones("avx2", "default"), flatten))
-#else
-#define LAZYDAG_RUN_CLONES
-#endif
-
+// in cache and the arithmetic is the cost, so each is compiled for the
+// baseline ISA and for AVX2 (LAZYDAG_RUN_CLONES, iterate.hpp). Both clones
+// compute the same bits as the kernels: IEEE operations element by element,
+// no contraction (AVX2 brings no FMA), the same SLEEF routines (vmath
+// dispatches by itself).
 namespace detail {
 
 LAZYDAG_RUN_CLONES void unary_run(UnaryOp op, DType t, const void* x, std::int64_t sx, void* y, std::int64_t n) {

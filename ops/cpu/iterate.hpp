@@ -15,6 +15,25 @@
 
 #include "../src/nest.hpp"
 
+// Loops whose operands are in cache, where the arithmetic is the cost, are
+// compiled more than once on x86-64 with everything they call inlined into
+// each copy (flatten), and the dynamic loader picks the copy for the
+// running CPU (GCC's target_clones, an ifunc). No clone enables FMA, so
+// every clone rounds as the baseline does: IEEE operations element by
+// element, no contraction.
+//   LAZYDAG_RUN_CLONES    baseline and AVX2: the elementwise runs (an
+//                         AVX-512 clone measured slower on a fused chain);
+//   LAZYDAG_WIDE_CLONES   baseline, AVX2 and AVX-512F: loops of divisions
+//                         and square roots (the optimizers' updates), where
+//                         the wider unit pays.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define LAZYDAG_RUN_CLONES __attribute__((target_clones("avx2", "default"), flatten))
+#define LAZYDAG_WIDE_CLONES __attribute__((target_clones("avx512f", "avx2", "default"), flatten))
+#else
+#define LAZYDAG_RUN_CLONES
+#define LAZYDAG_WIDE_CLONES
+#endif
+
 namespace lazydag::ops::cpu::detail {
 
 /// tbb::parallel_for over [begin, end) with `grain`, calling f(lo, hi) per

@@ -1,6 +1,9 @@
 // The optimizers' element loops: compiled with the rest of the CPU kernels
-// (-fno-math-errno and the vectoriser on, so the square root vectorises)
-// and split over the workers in chunks.
+// (-fno-math-errno and the vectoriser on, so the square root vectorises),
+// cloned per vector width (LAZYDAG_WIDE_CLONES: Adam's division and square
+// root are its cost; a chunk of 166K float32 elements took 0.65 ns per
+// element at the baseline's SSE2, 0.31 at AVX2 and 0.20 at AVX-512 on the
+// development machine), and split over the workers in chunks.
 #include <lazydag/ops/kernels.hpp>
 
 #include <cmath>
@@ -53,6 +56,40 @@ void sgd_chunk(T* __restrict p, T* __restrict b, const T* __restrict g, std::int
   }
 }
 
+// The clones: one function per element type (a template cannot be cloned),
+// each with its chunk inlined.
+LAZYDAG_WIDE_CLONES void adam_f32(float* p, float* m, float* v, const float* g, std::int64_t lo, std::int64_t hi,
+                                  const AdamStep& a) {
+  adam_chunk(p, m, v, g, lo, hi, a);
+}
+LAZYDAG_WIDE_CLONES void adam_f64(double* p, double* m, double* v, const double* g, std::int64_t lo,
+                                  std::int64_t hi, const AdamStep& a) {
+  adam_chunk(p, m, v, g, lo, hi, a);
+}
+LAZYDAG_WIDE_CLONES void sgd_f32(float* p, float* b, const float* g, std::int64_t lo, std::int64_t hi,
+                                 const SgdStep& a) {
+  sgd_chunk(p, b, g, lo, hi, a);
+}
+LAZYDAG_WIDE_CLONES void sgd_f64(double* p, double* b, const double* g, std::int64_t lo, std::int64_t hi,
+                                 const SgdStep& a) {
+  sgd_chunk(p, b, g, lo, hi, a);
+}
+
+void adam_chunk_of(float* p, float* m, float* v, const float* g, std::int64_t lo, std::int64_t hi,
+                   const AdamStep& a) {
+  adam_f32(p, m, v, g, lo, hi, a);
+}
+void adam_chunk_of(double* p, double* m, double* v, const double* g, std::int64_t lo, std::int64_t hi,
+                   const AdamStep& a) {
+  adam_f64(p, m, v, g, lo, hi, a);
+}
+void sgd_chunk_of(float* p, float* b, const float* g, std::int64_t lo, std::int64_t hi, const SgdStep& a) {
+  sgd_f32(p, b, g, lo, hi, a);
+}
+void sgd_chunk_of(double* p, double* b, const double* g, std::int64_t lo, std::int64_t hi, const SgdStep& a) {
+  sgd_f64(p, b, g, lo, hi, a);
+}
+
 template <class F>
 void for_float_type(DType t, const char* name, F&& f) {
   if (t == DType::kFloat64) {
@@ -69,7 +106,7 @@ void for_float_type(DType t, const char* name, F&& f) {
 void sgd_step(DType t, void* p, void* b, const void* g, std::int64_t n, const SgdStep& a) {
   for_float_type(t, "sgd_step", [&]<class T>(T) {
     detail::parallel_range(n, [&](std::int64_t lo, std::int64_t hi) {
-      sgd_chunk(static_cast<T*>(p), static_cast<T*>(b), static_cast<const T*>(g), lo, hi, a);
+      sgd_chunk_of(static_cast<T*>(p), static_cast<T*>(b), static_cast<const T*>(g), lo, hi, a);
     });
   });
 }
@@ -77,7 +114,8 @@ void sgd_step(DType t, void* p, void* b, const void* g, std::int64_t n, const Sg
 void adam_step(DType t, void* p, void* m, void* v, const void* g, std::int64_t n, const AdamStep& a) {
   for_float_type(t, "adam_step", [&]<class T>(T) {
     detail::parallel_range(n, [&](std::int64_t lo, std::int64_t hi) {
-      adam_chunk(static_cast<T*>(p), static_cast<T*>(m), static_cast<T*>(v), static_cast<const T*>(g), lo, hi, a);
+      adam_chunk_of(static_cast<T*>(p), static_cast<T*>(m), static_cast<T*>(v), static_cast<const T*>(g), lo, hi,
+                    a);
     });
   });
 }

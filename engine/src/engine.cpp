@@ -227,10 +227,26 @@ Engine::~Engine() = default;
 Engine& Engine::get() {
   static Engine* engine = [] {
     auto* e = new Engine();
-    std::atexit([] { Engine::get().impl_->run_everything("exiting"); });
+    std::atexit(run_at_exit);
     return e;
   }();
   return *engine;
+}
+
+namespace {
+std::atomic<bool> g_exiting{false};
+}  // namespace
+
+void Engine::run_at_exit() noexcept {
+  g_exiting.store(true, std::memory_order_release);
+  Engine::get().impl_->run_everything("exiting");
+}
+
+bool Engine::exiting() noexcept { return g_exiting.load(std::memory_order_acquire); }
+
+void Engine::rearm_exit_handler() noexcept {
+  (void)get();
+  std::atexit(run_at_exit);
 }
 
 Var Engine::new_var() { return impl_->new_var(); }

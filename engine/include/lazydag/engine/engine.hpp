@@ -263,6 +263,22 @@ class Engine {
   /// It lives until the process ends; at exit it runs what was recorded.
   [[nodiscard]] static Engine& get();
 
+  /// Registers the process-wide engine's exit handler once more (std::atexit
+  /// runs handlers and static destructors in reverse order of
+  /// registration). Static objects constructed after the engine, such as a
+  /// library's function-local statics made by a node's first call into it,
+  /// are otherwise destroyed before the handler runs what is still
+  /// recorded, which may call into them. Code that constructs such statics
+  /// calls this after constructing them (the CPU matmul does, after
+  /// oneDNN's first call). Each run of the handler after the first finds
+  /// nothing left to run.
+  static void rearm_exit_handler() noexcept;
+
+  /// True once the exit handler has started running what is still
+  /// recorded: libraries that cannot be started during exit (oneDNN's
+  /// first call) take another path.
+  [[nodiscard]] static bool exiting() noexcept;
+
   /// A new variable. Non-blocking.
   [[nodiscard]] Var new_var();
 
@@ -345,6 +361,7 @@ class Engine {
   [[nodiscard]] std::vector<PendingNode> pending_nodes() const;
 
  private:
+  static void run_at_exit() noexcept;
   std::unique_ptr<detail::EngineImpl> impl_;
 };
 

@@ -150,15 +150,17 @@ void attach(const char* op, const NDArray& out, std::initializer_list<const NDAr
 
 NDArray mask(const NDArray& cond, DType t) { return cond.astype(t); }
 
-// Adds `g` to a leaf's gradient. A gradient array nobody else holds is
-// kept as it is; one shared (the same array given to two inputs, or the
-// caller's) is copied, so no two leaves share a gradient buffer.
-void accumulate(AutogradMeta& leaf, const NDArray& g) {
+// Adds `g` to a leaf's gradient. A gradient array that is the leaf's
+// alone (`owned`: the backward walk made its buffer and gives it to no one
+// else) is kept as it is; any other (the same buffer given to two inputs,
+// even as disjoint views, the caller's seed, a saved array) is copied, so no
+// two leaves share a gradient buffer and no gradient shares the caller's.
+void accumulate(AutogradMeta& leaf, const NDArray& g, bool owned) {
   std::function<void()> hook;
   {
     std::lock_guard lock(leaf.lock);
     if (!leaf.grad.valid()) {
-      leaf.grad = Access::use_count(g) == 1 ? g : g.copy();
+      leaf.grad = owned ? g : g.copy();
     } else {
       leaf.grad = leaf.grad + g;
     }
@@ -704,7 +706,7 @@ void NDArray::backward(const NDArray& gradient, bool retain_graph) const {
   };
   std::lock_guard lock(detail::g_backward);
   if (!root->grad_fn) {  // a leaf: its gradient is g
-    detail::accumulate(*root, seed());
+    detail::accumulate(*root, seed(), /*owned=*/false);
     return;
   }
   // The walk: every node reachable from the root and how many consumers
@@ -745,8 +747,11 @@ void NDArray::backward(const NDArray& gradient, bool retain_graph) const {
       if (fresh) stack.push_back(c);
     }
   }
+  // Buffers made from here on by this thread are the walk's own.
+  const std::uint64_t mark = detail::storage_mark();
   const NDArray g = seed();
   autograd::NoGradGuard no_grad;
+  std::vector<const void*> given;  // the buffers leaves received as they are
   auto later = [](const GradNode* a, const GradNode* b) { return a->seq < b->seq; };
   std::priority_queue<GradNode*, std::vector<GradNode*>, decltype(later)> ready(later);
   std::unordered_map<GradNode*, NDArray> pending;
@@ -770,7 +775,21 @@ void NDArray::backward(const NDArray& gradient, bool retain_graph) const {
       NDArray gi;
       if (i < grads.size() && grads[i].valid()) gi = detail::fit(std::move(grads[i]), e.shape);
       if (!e.meta->grad_fn) {
-        if (gi.valid()) detail::accumulate(*e.meta, gi);
+        if (gi.valid()) {
+          // The leaf's own when the walk made the buffer (not the seed, a
+          // saved array or anything a derivative captured), no other leaf
+          // got it, and no other gradient of this node still holds it. (A
+          // recorded op holding it, as every result's record does until it
+          // runs, does not count.)
+          const detail::ArrayState& st = *Access::peek(gi);
+          const void* id = detail::storage_id(st);
+          bool owned = detail::made_since(st, mark) && std::find(given.begin(), given.end(), id) == given.end();
+          for (std::size_t j = i + 1; owned && j < grads.size(); ++j) {
+            owned = !(grads[j].valid() && detail::storage_id(*Access::peek(grads[j])) == id);
+          }
+          if (owned) given.push_back(id);
+          detail::accumulate(*e.meta, gi, owned);
+        }
         continue;
       }
       GradNode* c = e.meta->grad_fn.get();

@@ -51,6 +51,12 @@ struct Access {
 /// counts one more and returns the new count.
 [[nodiscard]] std::uint64_t grad_generation(const ArrayState& s) noexcept;
 std::uint64_t bump_grad_generation(const ArrayState& s) noexcept;
+/// A point in the storages this thread makes; made_since(s, mark): `s`'s
+/// buffer was made by this thread after `mark`.
+[[nodiscard]] std::uint64_t storage_mark() noexcept;
+[[nodiscard]] bool made_since(const ArrayState& s, std::uint64_t mark) noexcept;
+/// Identifies `s`'s buffer (shared by its views).
+[[nodiscard]] const void* storage_id(const ArrayState& s) noexcept;
 /// Writing every element of `s` writes every byte of its buffer.
 [[nodiscard]] bool covers_storage(const ArrayState& s);
 /// A view of `a`'s buffer with the given geometry (in elements), which the

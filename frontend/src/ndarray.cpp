@@ -104,6 +104,14 @@ std::uint64_t bump_grad_generation(const ArrayState& s) noexcept {
   return s.storage->grad_generation.fetch_add(1, std::memory_order_relaxed) + 1;
 }
 
+std::uint64_t storage_mark() noexcept { return t_storages_made; }
+
+bool made_since(const ArrayState& s, std::uint64_t mark) noexcept {
+  return s.storage->made_by == &t_thread_token && s.storage->made_at > mark;
+}
+
+const void* storage_id(const ArrayState& s) noexcept { return s.storage.get(); }
+
 bool covers_storage(const ArrayState& s) {
   return s.offset == 0 && s.strides == contiguous_strides(s.shape) &&
          static_cast<std::size_t>(numel(s.shape)) * size_of(s.dtype) == s.storage->bytes;

@@ -16,6 +16,12 @@ namespace lazydag::detail {
 
 inline std::atomic<std::int64_t> g_bytes{0};
 
+/// Storages made on this thread so far, and a token naming the thread: a
+/// storage records both when it is made, so a thread can tell the buffers
+/// it made after a point of its own (autograd's gradients, made_since).
+inline thread_local std::uint64_t t_storages_made = 0;
+inline thread_local const char t_thread_token = 0;
+
 namespace fusion {
 struct Group;
 }
@@ -49,6 +55,10 @@ struct Storage {
   // leave this storage unable to order its own free). A host buffer is
   // taken from the pool at once unless `deferred` (a fused op's result:
   // allocate() when the fused node is recorded, and only if it is needed).
+  // Where and when it was made (see t_storages_made).
+  const char* made_by = &t_thread_token;
+  std::uint64_t made_at = ++t_storages_made;
+
   Storage(engine::Engine& e, Device dev, std::size_t n, bool deferred = false)
       : eng(&e), var(e.new_owned_var("an NDArray")), device(dev), bytes(n) {
     if (dev.is_stream_device() || deferred) return;

@@ -268,6 +268,40 @@ TEST_CASE("two leaves given one gradient array do not share it") {
   CHECK(b.grad().to_vector<double>() == std::vector<double>{1, 1});
 }
 
+TEST_CASE("leaves' gradients share no buffer with the caller's seed or with each other") {
+  NDArray a = nd::array(std::vector<double>{1, 2}, {2});
+  NDArray b = nd::array(std::vector<double>{3, 4}, {2});
+  a.requires_grad(true);
+  b.requires_grad(true);
+  NDArray seed = nd::array(std::vector<double>{2, 3}, {2});
+  (a + b).backward(seed);  // the sum's derivative passes the seed itself on
+  CHECK_FALSE(a.grad().shares_storage_with(seed));
+  CHECK_FALSE(b.grad().shares_storage_with(seed));
+  CHECK_FALSE(a.grad().shares_storage_with(b.grad()));
+  seed *= 10.0;
+  CHECK(a.grad().to_vector<double>() == std::vector<double>{2, 3});
+  CHECK(b.grad().to_vector<double>() == std::vector<double>{2, 3});
+  // A gradient the walk made and passed on through a chain of identities to
+  // two leaves and a non-leaf (concat's derivative gives views of one buffer).
+  NDArray c = nd::array(std::vector<double>{5, 6}, {2});
+  c.requires_grad(true);
+  a.zero_grad();
+  b.zero_grad();
+  NDArray y = nd::concat({a, b * 1.0, c}, 0);
+  (y * 2.0).sum().backward();
+  CHECK_FALSE(a.grad().shares_storage_with(c.grad()));
+  CHECK_FALSE(b.grad().shares_storage_with(c.grad()));
+  CHECK_FALSE(a.grad().shares_storage_with(b.grad()));
+  {
+    autograd::NoGradGuard no_grad;
+    NDArray ga = a.grad();
+    ga *= 5.0;
+  }
+  CHECK(a.grad().to_vector<double>() == std::vector<double>{10, 10});
+  CHECK(b.grad().to_vector<double>() == std::vector<double>{2, 2});
+  CHECK(c.grad().to_vector<double>() == std::vector<double>{2, 2});
+}
+
 TEST_CASE("grad mode, detach and what carries no gradient") {
   NDArray w = nd::array(std::vector<double>{1, 2}, {2});
   w.requires_grad(true);

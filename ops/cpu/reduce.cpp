@@ -158,6 +158,44 @@ void reduce(ReduceOp op, const TensorView& a, bool all, int axis, const TensorVi
           y[0] = total.template result<O>(op, len);
           return;
         }
+        const std::int64_t outputs = outer * inner;
+        if ((op == ReduceOp::kSum || op == ReduceOp::kMean) && inner > 1) {
+          // Sums over an axis that is not the last (a bias's gradient: the
+          // batch axis): a block of neighbouring lanes at a time, each
+          // output still the sum of its lane in order (the same bits as one
+          // lane at a time), the rows read contiguously and the additions
+          // vectorised across the block.
+          constexpr std::int64_t kBlock = 256;
+          const std::int64_t blocks = (inner + kBlock - 1) / kBlock;
+          auto columns = [&](std::int64_t t0, std::int64_t t1) {
+            Acc<T> acc[kBlock];
+            for (std::int64_t t = t0; t < t1; ++t) {
+              const std::int64_t o = t / blocks;
+              const std::int64_t j0 = (t % blocks) * kBlock;
+              const std::int64_t w = std::min(kBlock, inner - j0);
+              for (std::int64_t j = 0; j < w; ++j) acc[j] = 0;
+              const T* base = x + o * len * inner + j0;
+              for (std::int64_t k = 0; k < len; ++k) {
+                const T* row = base + k * inner;
+                for (std::int64_t j = 0; j < w; ++j) add_to(acc[j], static_cast<Acc<T>>(row[j]));
+              }
+              O* dst = y + o * inner + j0;
+              for (std::int64_t j = 0; j < w; ++j) {
+                Partial<T> p;
+                p.sum = acc[j];
+                dst[j] = p.template result<O>(op, len);
+              }
+            }
+          };
+          if (outputs * len < detail::kParallelElements) {
+            columns(0, outer * blocks);
+          } else {
+            const std::int64_t grain = std::max<std::int64_t>(
+                1, detail::kParallelElements / std::max<std::int64_t>(len * std::min(kBlock, inner), 1));
+            detail::parallel_chunks(0, outer * blocks, grain, columns);
+          }
+          return;
+        }
         // One lane per output element, each reduced sequentially.
         auto lanes = [&](std::int64_t o0, std::int64_t o1) {
           for (std::int64_t o = o0; o < o1; ++o) {
@@ -167,7 +205,6 @@ void reduce(ReduceOp op, const TensorView& a, bool all, int axis, const TensorVi
             y[o] = p.template result<O>(op, len);
           }
         };
-        const std::int64_t outputs = outer * inner;
         if (outputs * len < detail::kParallelElements) {
           lanes(0, outputs);
         } else {

@@ -86,7 +86,9 @@ std::vector<double> matmul_reference(const NDArray& x, const NDArray& y) {
 
 TEST_SUITE("ndarray") {
   TEST_CASE("Reduce.EveryOpDtypeAndAxisMatchesReference" * doctest::timeout(180)) {
-    const std::vector<Shape> shapes = {{7}, {3, 4}, {2, 3, 5}, {4, 1, 6}, {200000}, {300, 257}};
+    // {300, 257} and {5, 3, 600}: sums over a leading axis in blocks of
+    // 256 lanes, with a partial block, one and several outer rows.
+    const std::vector<Shape> shapes = {{7}, {3, 4}, {2, 3, 5}, {4, 1, 6}, {200000}, {300, 257}, {5, 3, 600}};
     std::uint32_t seed = 100;
     for (DType t : numeric_dtypes()) {
       for (const Shape& s : shapes) {

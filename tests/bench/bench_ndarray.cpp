@@ -5,6 +5,10 @@
 #include <lazydag/lazydag.hpp>
 
 #include <cblas.h>
+#if defined(LAZYDAG_ONEDNN)
+#include <omp.h>
+#include <oneapi/dnnl/dnnl.h>
+#endif
 
 #include "bench_util.hpp"
 
@@ -147,8 +151,11 @@ int main(int argc, char** argv) {
     std::printf("bench=ndarray workload=tiny_chain speedup_vs_unfused=%.2f\n", unfused / fused);
   }
   nd::set_fusion(fusion);
-  // sgemm: lazydag (64-row blocks of single-threaded OpenBLAS over the
-  // engine's workers) vs OpenBLAS called directly with 1 and with all threads.
+  // sgemm: lazydag (64-row blocks of a single-threaded BLAS over the
+  // engine's workers: oneDNN when built with it) vs OpenBLAS called directly
+  // with 1 and with all threads (as the environment configures it, e.g.
+  // OPENBLAS_CORETYPE), and vs oneDNN called directly with 1 and with all
+  // threads (OpenMP), the library lazydag calls.
   for (int n : {256, 1024, 2048}) {
     NDArray a = nd::random_uniform({n, n}, cpu(), 1);
     NDArray b = nd::random_uniform({n, n}, cpu(), 2);
@@ -168,6 +175,23 @@ int main(int argc, char** argv) {
     };
     const double one = direct(1);
     const double all = direct(threads);
+#if defined(LAZYDAG_ONEDNN)
+    auto onednn = [&](int omp_threads) {
+      const int before = omp_get_max_threads();
+      omp_set_num_threads(omp_threads);
+      double t = median_seconds([&] {
+        (void)dnnl_sgemm('N', 'N', n, n, n, 1.0F, va.data(), n, vb.data(), n, 0.0F, vc.data(), n);
+      });
+      omp_set_num_threads(before);
+      return t;
+    };
+    const double dnnl_one = onednn(1);
+    const double dnnl_all = onednn(threads);
+    std::printf("bench=ndarray workload=sgemm n=%d peer=onednn_1thread gflops=%.1f\n", n, flops / dnnl_one * 1e-9);
+    std::printf("bench=ndarray workload=sgemm n=%d peer=onednn_%dthreads gflops=%.1f\n", n, threads,
+                flops / dnnl_all * 1e-9);
+    std::printf("bench=ndarray workload=sgemm n=%d ratio_vs_onednn_%dthreads=%.2f\n", n, threads, dnnl_all / ours);
+#endif
     std::printf("bench=ndarray workload=sgemm n=%d lazydag_gflops=%.1f\n", n, flops / ours * 1e-9);
     std::printf("bench=ndarray workload=sgemm n=%d peer=openblas_1thread gflops=%.1f\n", n, flops / one * 1e-9);
     std::printf("bench=ndarray workload=sgemm n=%d peer=openblas_%dthreads gflops=%.1f\n", n, threads,

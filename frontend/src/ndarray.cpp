@@ -1117,6 +1117,7 @@ NDArray matmul(const NDArray& x, const NDArray& y) {
   StatePtr a = gemm_ready(a0);
   StatePtr b = gemm_ready(b0);
   StatePtr out = new_array(s, a->dtype, dev, "matmul");
+  ops::prepare_matmul(a->dtype, dev.kind == DeviceKind::kGpu);
   record("matmul", {a, b}, out, [](const engine::RunContext& ctx, const Inputs& in, const ArrayState& o) {
     ops::matmul(ctx, view(*in[0]), view(*in[1]), view(o));
   });

@@ -46,36 +46,16 @@ void single_threaded_blas() {
 
 #if defined(LAZYDAG_ONEDNN)
 // oneDNN generates its sgemm kernels at its first call (about 50 ms) and
-// keeps them in function-local statics. Two hazards at exit, both seen as
-// crashes of a product still recorded when the process exits:
-//  - statics made after the engine's exit handler was registered are
-//    destroyed before it runs: the first call is made here, once, alone,
-//    over each operand layout and the vector shapes, and the handler is
-//    registered again after it;
-//  - a first call made during exit faulted inside oneDNN: once the exit
-//    handler has started, a process that never called oneDNN uses CBLAS.
-// Returns whether oneDNN may be called.
-bool onednn_ready() {
-  static std::once_flag once;
-  static std::atomic<bool> ready{false};
-  if (ready.load(std::memory_order_acquire)) return true;
-  if (engine::Engine::exiting()) return false;
-  std::call_once(once, [] {
-    float a[64 * 64] = {}, b[64 * 64] = {}, c[64 * 64];
-    for (const char ta : {'N', 'T'}) {
-      for (const char tb : {'N', 'T'}) {
-        for (const int m : {64, 1}) {
-          for (const int n : {64, 1}) {
-            (void)dnnl_sgemm(ta, tb, m, n, 64, 1.0F, a, ta == 'N' ? 64 : m, b, tb == 'N' ? n : 64, 0.0F, c, n);
-          }
-        }
-      }
-    }
-    engine::Engine::rearm_exit_handler();
-    ready.store(true, std::memory_order_release);
-  });
-  return ready.load(std::memory_order_acquire);
-}
+// keeps them in function-local statics. Static objects made after the
+// engine's exit handler was registered are destroyed before it runs, so a
+// product still recorded at exit would run freed kernels, and a first call
+// still under way when the process exits has its statics destroyed under
+// it; a first call made during exit faulted too. So the first call is made
+// by prepare_matmul, on the thread that records a product, before that
+// product is pushed (over every operand layout and the vector shapes), and
+// the exit handler is registered again after it. Until then, and in a
+// process that first records a product during exit, CBLAS computes.
+std::atomic<bool> g_onednn_ready{false};
 #endif
 
 // C (m x n, row-major, leading dimension n) = op(A) op(B), each operand as
@@ -96,12 +76,14 @@ void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, const Gemm
     // per-thread setting): one here, the caller's restored after.
     const int threads = omp_get_max_threads();
     omp_set_num_threads(1);
-    const bool ok = onednn_ready() && dnnl_sgemm(la.trans ? 'T' : 'N', lb.trans ? 'T' : 'N', m, n, k, 1.0F, a,
-                                                 la.ld, b, lb.ld, 0.0F, c, n) == dnnl_success;
+    const bool ok = g_onednn_ready.load(std::memory_order_acquire) &&
+                    dnnl_sgemm(la.trans ? 'T' : 'N', lb.trans ? 'T' : 'N', m, n, k, 1.0F, a, la.ld, b, lb.ld, 0.0F,
+                               c, n) == dnnl_success;
     omp_set_num_threads(threads);
     if (ok) return;
-    // Not started (exit), or refused (only what CBLAS would refuse; the
-    // frontend checks the sizes first): CBLAS.
+    // Not prepared (no product recorded through the frontend yet, or the
+    // first one recorded during exit), or refused (only what CBLAS would
+    // refuse; the frontend checks the sizes first): CBLAS.
 #endif
     cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0F, a, lda, b, ldb, 0.0F, c, N);
   } else {
@@ -110,6 +92,32 @@ void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, const Gemm
 }
 
 }  // namespace
+
+void prepare_matmul(DType t) {
+#if defined(LAZYDAG_ONEDNN)
+  if (t != DType::kFloat32 || g_onednn_ready.load(std::memory_order_acquire) || engine::Engine::exiting()) return;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    float a[64 * 64] = {}, b[64 * 64] = {}, c[64 * 64];
+    for (const char ta : {'N', 'T'}) {
+      for (const char tb : {'N', 'T'}) {
+        for (const int m : {64, 1}) {
+          for (const int n : {64, 1}) {
+            (void)dnnl_sgemm(ta, tb, m, n, 64, 1.0F, a, ta == 'N' ? 64 : m, b, tb == 'N' ? n : 64, 0.0F, c, n);
+          }
+        }
+      }
+    }
+    omp_set_num_threads(threads);
+    engine::Engine::rearm_exit_handler();
+    g_onednn_ready.store(true, std::memory_order_release);
+  });
+#else
+  (void)t;
+#endif
+}
 
 // Operands are read in place when gemm_layout says BLAS can (transposed
 // views, sliced rows or columns); the frontend copies the others first.

@@ -47,6 +47,9 @@ void matmul(const engine::RunContext& ctx, const TensorView& a, const TensorView
             const TensorView& out) {
   on_gpu(ctx) ? cuda::matmul(ctx.stream, a, b, out) : cpu::matmul(a, b, out);
 }
+void prepare_matmul(DType t, bool on_gpu) {
+  if (!on_gpu) cpu::prepare_matmul(t);
+}
 void fused(const engine::RunContext& ctx, std::span<const FusedStep> steps, std::span<const TensorView> inputs,
            std::span<const TensorView> outputs, const Shape& domain) {
   on_gpu(ctx) ? cuda::fused(ctx.stream, steps, inputs, outputs, domain) : cpu::fused(steps, inputs, outputs, domain);

@@ -269,8 +269,8 @@ class Engine {
   /// library's function-local statics made by a node's first call into it,
   /// are otherwise destroyed before the handler runs what is still
   /// recorded, which may call into them. Code that constructs such statics
-  /// calls this after constructing them (the CPU matmul does, after
-  /// oneDNN's first call). Each run of the handler after the first finds
+  /// calls this after constructing them (ops::cpu::prepare_matmul does,
+  /// after oneDNN's first call). Each run of the handler after the first finds
   /// nothing left to run.
   static void rearm_exit_handler() noexcept;
 

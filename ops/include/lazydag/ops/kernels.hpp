@@ -68,9 +68,16 @@ void where(const TensorView& cond, const TensorView& a, const TensorView& b,
 void copy_cast(const TensorView& a, const TensorView& out);
 /// Reduction over everything (all) or one axis; out is contiguous.
 void reduce(ReduceOp op, const TensorView& a, bool all, int axis, const TensorView& out);
-/// C = A x B, float32/float64, 2-D or batched 3-D, through CBLAS; C
-/// contiguous, A and B as gemm_layout (shape.hpp) finds them usable.
+/// C = A x B, float32/float64, 2-D or batched 3-D, through oneDNN (float32,
+/// once prepare_matmul has run) or CBLAS; C contiguous, A and B as
+/// gemm_layout (shape.hpp) finds them usable.
 void matmul(const TensorView& a, const TensorView& b, const TensorView& out);
+/// Makes the float32 product's library ready (oneDNN's first call, which
+/// makes its kernels: about 50 ms, once per process) on the calling thread
+/// and registers the engine's exit handler again after it (see
+/// linalg.cpp). Products that run before it, or whose first call would be
+/// during exit, go through CBLAS.
+void prepare_matmul(DType t);
 /// Runs `steps` over the elements of `domain` in cache-sized tiles, each
 /// step through the same kernel as the unfused op (so the results are bit
 /// for bit the same), in parallel over tiles. `inputs` broadcast to
@@ -127,6 +134,10 @@ void reduce(const engine::RunContext& ctx, ReduceOp op, const TensorView& a, boo
             const TensorView& out);
 void matmul(const engine::RunContext& ctx, const TensorView& a, const TensorView& b,
             const TensorView& out);
+/// Called when a product of dtype t on device `dev` is recorded, before it
+/// is pushed: readies the CPU product's library (cpu::prepare_matmul) on the
+/// recording thread, never inside a running node.
+void prepare_matmul(DType t, bool on_gpu);
 /// A fused elementwise program (cpu::fused): on a gpu one kernel whose
 /// threads run every step for their elements in registers, each step
 /// through the unfused kernel's element function.

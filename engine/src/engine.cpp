@@ -244,6 +244,8 @@ void Engine::run_at_exit() noexcept {
 
 bool Engine::exiting() noexcept { return g_exiting.load(std::memory_order_acquire); }
 
+bool Engine::in_node() noexcept { return detail::tls_running_engine != nullptr; }
+
 void Engine::rearm_exit_handler() noexcept {
   (void)get();
   std::atexit(run_at_exit);

@@ -107,7 +107,7 @@ std::uint64_t bump_grad_generation(const ArrayState& s) noexcept {
 std::uint64_t storage_mark() noexcept { return t_storages_made; }
 
 bool made_since(const ArrayState& s, std::uint64_t mark) noexcept {
-  return s.storage->made_by == &t_thread_token && s.storage->made_at > mark;
+  return s.storage->made_by == t_thread_number && s.storage->made_at > mark;
 }
 
 const void* storage_id(const ArrayState& s) noexcept { return s.storage.get(); }

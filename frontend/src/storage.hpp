@@ -16,11 +16,13 @@ namespace lazydag::detail {
 
 inline std::atomic<std::int64_t> g_bytes{0};
 
-/// Storages made on this thread so far, and a token naming the thread: a
-/// storage records both when it is made, so a thread can tell the buffers
-/// it made after a point of its own (autograd's gradients, made_since).
+/// Storages made on this thread so far, and the thread's number (unique in
+/// the process: an address would be reused by a later thread): a storage
+/// records both when it is made, so a thread can tell the buffers it made
+/// after a point of its own (autograd's gradients, made_since).
+inline std::atomic<std::uint64_t> g_threads_seen{0};
 inline thread_local std::uint64_t t_storages_made = 0;
-inline thread_local const char t_thread_token = 0;
+inline thread_local const std::uint64_t t_thread_number = g_threads_seen.fetch_add(1, std::memory_order_relaxed) + 1;
 
 namespace fusion {
 struct Group;
@@ -56,7 +58,7 @@ struct Storage {
   // taken from the pool at once unless `deferred` (a fused op's result:
   // allocate() when the fused node is recorded, and only if it is needed).
   // Where and when it was made (see t_storages_made).
-  const char* made_by = &t_thread_token;
+  std::uint64_t made_by = t_thread_number;
   std::uint64_t made_at = ++t_storages_made;
 
   Storage(engine::Engine& e, Device dev, std::size_t n, bool deferred = false)

@@ -18,9 +18,10 @@
 // Loops whose operands are in cache, where the arithmetic is the cost, are
 // compiled more than once on x86-64 with everything they call inlined into
 // each copy (flatten), and the dynamic loader picks the copy for the
-// running CPU (GCC's target_clones, an ifunc). No clone enables FMA, so
-// every clone rounds as the baseline does: IEEE operations element by
-// element, no contraction.
+// running CPU (GCC's target_clones, an ifunc). The ops library is built
+// with -ffp-contract=off, so no clone fuses a * b + c (AVX-512F has FMA)
+// and every clone rounds as the baseline does: IEEE operations element by
+// element.
 //   LAZYDAG_RUN_CLONES    baseline and AVX2: the elementwise runs (an
 //                         AVX-512 clone measured slower on a fused chain);
 //   LAZYDAG_WIDE_CLONES   baseline, AVX2 and AVX-512F: loops of divisions

@@ -25,6 +25,7 @@
 #include <lazydag/ops/shape.hpp>
 
 #include <atomic>
+#include <cstdlib>
 #include <mutex>
 #include <stdexcept>
 #include <type_traits>
@@ -50,11 +51,16 @@ void single_threaded_blas() {
 // engine's exit handler was registered are destroyed before it runs, so a
 // product still recorded at exit would run freed kernels, and a first call
 // still under way when the process exits has its statics destroyed under
-// it; a first call made during exit faulted too. So the first call is made
-// by prepare_matmul, on the thread that records a product, before that
-// product is pushed (over every operand layout and the vector shapes), and
-// the exit handler is registered again after it. Until then, and in a
-// process that first records a product during exit, CBLAS computes.
+// it; a first call made during exit faulted too. So:
+//  - the first call is made by prepare_matmul, on the thread that records a
+//    product, before that product is pushed, never inside a running node
+//    or during exit, over the operand layouts and the small shapes oneDNN
+//    has paths of its own for;
+//  - then a handler that turns oneDNN off is registered, and the engine's
+//    exit handler again: at exit the engine runs what is recorded, oneDNN
+//    is turned off, its statics are destroyed, and products recorded after
+//    that (by later exit handlers, say) go through CBLAS.
+// Until prepare_matmul has run, CBLAS computes.
 std::atomic<bool> g_onednn_ready{false};
 #endif
 
@@ -95,7 +101,10 @@ void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, const Gemm
 
 void prepare_matmul(DType t) {
 #if defined(LAZYDAG_ONEDNN)
-  if (t != DType::kFloat32 || g_onednn_ready.load(std::memory_order_acquire) || engine::Engine::exiting()) return;
+  if (t != DType::kFloat32 || g_onednn_ready.load(std::memory_order_acquire) || engine::Engine::exiting() ||
+      engine::Engine::in_node()) {
+    return;
+  }
   static std::once_flag once;
   std::call_once(once, [] {
     const int threads = omp_get_max_threads();
@@ -103,14 +112,17 @@ void prepare_matmul(DType t) {
     float a[64 * 64] = {}, b[64 * 64] = {}, c[64 * 64];
     for (const char ta : {'N', 'T'}) {
       for (const char tb : {'N', 'T'}) {
-        for (const int m : {64, 1}) {
-          for (const int n : {64, 1}) {
-            (void)dnnl_sgemm(ta, tb, m, n, 64, 1.0F, a, ta == 'N' ? 64 : m, b, tb == 'N' ? n : 64, 0.0F, c, n);
+        for (const int m : {64, 3, 2, 1}) {
+          for (const int n : {64, 3, 2, 1}) {
+            for (const int k : {64, 1}) {
+              (void)dnnl_sgemm(ta, tb, m, n, k, 1.0F, a, ta == 'N' ? k : m, b, tb == 'N' ? n : k, 0.0F, c, n);
+            }
           }
         }
       }
     }
     omp_set_num_threads(threads);
+    std::atexit([] { g_onednn_ready.store(false, std::memory_order_release); });
     engine::Engine::rearm_exit_handler();
     g_onednn_ready.store(true, std::memory_order_release);
   });

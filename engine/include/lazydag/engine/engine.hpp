@@ -270,14 +270,18 @@ class Engine {
   /// are otherwise destroyed before the handler runs what is still
   /// recorded, which may call into them. Code that constructs such statics
   /// calls this after constructing them (ops::cpu::prepare_matmul does,
-  /// after oneDNN's first call). Each run of the handler after the first finds
-  /// nothing left to run.
+  /// after oneDNN's first call). Each run of the handler runs what was
+  /// recorded until then; a library that registers its own handler just
+  /// before this one can stop using its statics after the re-registered run.
   static void rearm_exit_handler() noexcept;
 
   /// True once the exit handler has started running what is still
   /// recorded: libraries that cannot be started during exit (oneDNN's
   /// first call) take another path.
   [[nodiscard]] static bool exiting() noexcept;
+
+  /// True on a thread while it runs a node (of any engine).
+  [[nodiscard]] static bool in_node() noexcept;
 
   /// A new variable. Non-blocking.
   [[nodiscard]] Var new_var();

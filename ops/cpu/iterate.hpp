@@ -27,7 +27,11 @@
 //   LAZYDAG_WIDE_CLONES   baseline, AVX2 and AVX-512F: loops of divisions
 //                         and square roots (the optimizers' updates), where
 //                         the wider unit pays.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// Not under ThreadSanitizer: a clone of a function of internal linkage is
+// reached through a relocation the loader resolves when it loads the
+// library, and the instrumented resolver then runs before the sanitizer's
+// runtime has started (every program crashed at load).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define LAZYDAG_RUN_CLONES __attribute__((target_clones("avx2", "default"), flatten))
 #define LAZYDAG_WIDE_CLONES __attribute__((target_clones("avx512f", "avx2", "default"), flatten))
 #else

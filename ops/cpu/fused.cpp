@@ -12,6 +12,7 @@
 // when the next step reads them.
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include <lazydag/ops/kernels.hpp>
@@ -65,8 +66,11 @@ class Scratch {
     busy() = true;
     std::vector<double>* k = nested_ ? nullptr : kept();
     std::vector<double>& mem = k != nullptr ? *k : fresh_;
-    if (mem.size() < doubles) mem.resize(doubles);
-    data_ = mem.data();
+    // 8 more doubles: the data starts at a cache line, so that a vector
+    // load or store of a scratch value never splits one.
+    if (mem.size() < doubles + 8) mem.resize(doubles + 8);
+    const auto at = reinterpret_cast<std::uintptr_t>(mem.data());
+    data_ = mem.data() + ((64 - at % 64) % 64) / sizeof(double);
   }
   ~Scratch() {
     if (!nested_) busy() = false;
@@ -200,7 +204,14 @@ void fused_flat(std::span<const FusedStep> steps, std::span<const TensorView> in
     for (std::int64_t t = t0; t < t1; ++t) {
       const std::int64_t e0 = t * tile;
       const std::int64_t end = std::min(e0 + tile, n);
-      for (std::size_t k = 0; k < inputs.size(); ++k) phase[k] = e0 % periods[k];
+      // Inputs of period 1 or n need no division; rows take one per tile.
+      for (std::size_t k = 0; k < inputs.size(); ++k) {
+        const std::int64_t p = periods[k];
+        phase[k] = p == 1 ? 0 : p == n ? e0 : e0 % p;
+      }
+      // The first segment boundary after e0; the steps below walk the
+      // boundaries (multiples of `segment`) without dividing.
+      const std::int64_t first_cut = segment == n ? end : std::min(end, e0 - e0 % segment + segment);
       // Operand r over the segment starting at flat index e. Every period is
       // a multiple of the segment length, so (phase + e - e0) wraps at most
       // tile / period times: no division per step.
@@ -230,8 +241,7 @@ void fused_flat(std::span<const FusedStep> steps, std::span<const TensorView> in
                                            static_cast<std::size_t>(outputs[i].offset + e0) * size
                                      : reinterpret_cast<char*>(scratch.data() + slot[i] * tile);
         values[i] = RunOperand{y0, 1, s.dtype};
-        for (std::int64_t e = e0, next = 0; e < end; e = next) {
-          next = std::min(end, (e / segment + 1) * segment);
+        for (std::int64_t e = e0, next = first_cut; e < end; e = next, next = std::min(end, next + segment)) {
           const std::int64_t len = next - e;
           char* const y = y0 + static_cast<std::size_t>(e - e0) * size;
           const RunOperand a = operand(s.in[0], e);

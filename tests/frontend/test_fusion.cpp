@@ -55,9 +55,10 @@ std::vector<std::vector<unsigned char>> run_program(std::uint32_t seed) {
   std::mt19937 rng(seed);
   auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<unsigned>(n)); };
   // {150, 384} and {20, 3, 300}: rows long enough for the flat path's
-  // segments (a tile of 768 or 900 elements, cut at each row's end).
-  const std::vector<Shape> domains = {{7},  {300, 200}, {3, 5, 4},   {70000},
-                                      {},   {2, 0, 3},  {150, 384}, {20, 3, 300}};
+  // segments (a tile of 768 or 900 elements, cut at each row's end);
+  // {13, 2500}: rows longer than a tile, so tiles start inside a row.
+  const std::vector<Shape> domains = {{7},  {300, 200}, {3, 5, 4},  {70000},     {},
+                                      {2, 0, 3}, {150, 384}, {20, 3, 300}, {13, 2500}};
   const Shape domain = domains[static_cast<std::size_t>(pick(static_cast<int>(domains.size())))];
   const DType t = pick(3) == 0 ? DType::kFloat64 : pick(2) == 0 ? DType::kInt32 : DType::kFloat32;
   std::vector<NDArray> pool;  // arrays of dtype t broadcastable to the domain

@@ -11,6 +11,7 @@
 // and the tile is small enough that a step's operands are still in cache
 // when the next step reads them.
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -111,13 +112,6 @@ class Scratch {
 // faster on sigmoid(x * w + b), whose vector exp makes three passes a step.
 constexpr std::int64_t kFlatTile = 1024;
 
-// A run operand: element 0's address and the step (1 dense, 0 broadcast).
-struct RunOperand {
-  const char* at = nullptr;
-  std::int64_t step = 0;
-  DType dtype = DType::kFloat32;
-};
-
 // The shortest segment the flat path cuts: below it, inputs broadcast along
 // short trailing dims go through the general path, which runs whole rows.
 constexpr std::int64_t kMinSegment = 256;
@@ -146,6 +140,29 @@ std::int64_t flat_period(const TensorView& v, const Shape& domain) {
     expect *= v.shape[i];
   }
   return expect;
+}
+
+// One step over a run of len elements: operands at a, b, c with steps 0
+// or 1 (a's dtype is the one comparisons and casts read), result at y.
+void run_segment(const FusedStep& s, const char* a, std::int64_t sa, DType ta, const char* b, std::int64_t sb,
+                 const char* c, std::int64_t sc, char* y, std::int64_t len) {
+  switch (s.kind) {
+    case FusedStep::Kind::kUnary: detail::unary_run(static_cast<UnaryOp>(s.op), s.dtype, a, sa, y, len); return;
+    case FusedStep::Kind::kBinary:
+      detail::binary_run(static_cast<BinaryOp>(s.op), s.dtype, a, sa, b, sb, y, len);
+      return;
+    case FusedStep::Kind::kScalar:
+      detail::scalar_run(static_cast<BinaryOp>(s.op), s.dtype, a, sa, s.scalar, s.scalar_first, y, len);
+      return;
+    case FusedStep::Kind::kCompare:
+      detail::compare_run(static_cast<CompareOp>(s.op), ta, a, sa, b, sb, y, len);
+      return;
+    case FusedStep::Kind::kCompareScalar:
+      detail::compare_scalar_run(static_cast<CompareOp>(s.op), ta, a, sa, s.scalar, y, len);
+      return;
+    case FusedStep::Kind::kWhere: detail::where_run(s.dtype, a, sa, b, sb, c, sc, y, len); return;
+    case FusedStep::Kind::kCast: detail::cast_run(ta, s.dtype, a, sa, y, len); return;
+  }
 }
 
 // The flat path: every input is, over the domain's flat index e, either one
@@ -197,75 +214,81 @@ void fused_flat(std::span<const FusedStep> steps, std::span<const TensorView> in
     }
   }
   const std::int64_t tiles = (n + tile - 1) / tile;
+  // Where each step's operands and result are, worked out once per
+  // program: a value in scratch (its slot), a kept result or an input dense
+  // in the domain's layout (address of element e: base + e * size), one
+  // element (base), or a row (period p: base + (e % p) * size).
+  struct Place {
+    const char* base = nullptr;
+    std::int64_t size = 0;    // element bytes
+    std::int64_t slot = -1;   // >= 0: a scratch slot
+    std::int64_t period = 0;  // 0: dense or scratch; 1: one element; else a row
+    std::size_t input = 0;    // a row's input (its phase)
+    DType dtype = DType::kFloat32;
+  };
+  auto place_of = [&](std::int32_t r) {
+    Place q;
+    if (r >= 0) {
+      const auto i = static_cast<std::size_t>(r);
+      q.dtype = steps[i].dtype;
+      q.size = static_cast<std::int64_t>(size_of(q.dtype));
+      if (slot[i] >= 0) {
+        q.slot = slot[i];
+      } else {
+        q.base = static_cast<const char*>(outputs[i].data) + outputs[i].offset * q.size;
+      }
+      return q;
+    }
+    const auto k = static_cast<std::size_t>(-1 - r);
+    const TensorView& v = inputs[k];
+    q.dtype = v.dtype;
+    q.size = static_cast<std::int64_t>(size_of(v.dtype));
+    q.base = static_cast<const char*>(v.data) + v.offset * q.size;
+    q.period = periods[k] == n ? 0 : periods[k];
+    q.input = k;
+    return q;
+  };
+  std::vector<std::array<Place, 4>> places(ns);  // per step: operands 0..2, result 3
+  for (std::size_t i = 0; i < ns; ++i) {
+    for (int j = 0; j < steps[i].num_in; ++j) {
+      places[i][static_cast<std::size_t>(j)] = place_of(steps[i].in[static_cast<std::size_t>(j)]);
+    }
+    places[i][3] = place_of(static_cast<std::int32_t>(i));
+  }
   auto run_tiles = [&](std::int64_t t0, std::int64_t t1) {
     Scratch scratch(static_cast<std::size_t>(num_slots * tile));
-    std::vector<RunOperand> values(ns);  // each step's run over the whole tile
-    std::vector<std::int64_t> phase(inputs.size());
+    std::vector<std::int64_t> phase(inputs.size());  // a row's element at the tile's start
     for (std::int64_t t = t0; t < t1; ++t) {
       const std::int64_t e0 = t * tile;
       const std::int64_t end = std::min(e0 + tile, n);
-      // Inputs of period 1 or n need no division; rows take one per tile.
+      // Only rows take a division, one per tile.
       for (std::size_t k = 0; k < inputs.size(); ++k) {
         const std::int64_t p = periods[k];
-        phase[k] = p == 1 ? 0 : p == n ? e0 : e0 % p;
+        phase[k] = p == 1 || p == n ? 0 : e0 % p;
       }
       // The first segment boundary after e0; the steps below walk the
       // boundaries (multiples of `segment`) without dividing.
       const std::int64_t first_cut = segment == n ? end : std::min(end, e0 - e0 % segment + segment);
-      // Operand r over the segment starting at flat index e. Every period is
-      // a multiple of the segment length, so (phase + e - e0) wraps at most
-      // tile / period times: no division per step.
-      auto operand = [&](std::int32_t r, std::int64_t e) {
-        if (r >= 0) {
-          RunOperand v = values[static_cast<std::size_t>(r)];
-          v.at += static_cast<std::size_t>(e - e0) * size_of(v.dtype);
-          return v;
-        }
-        const std::size_t k = static_cast<std::size_t>(-1 - r);
-        const TensorView& v = inputs[k];
-        const std::int64_t p = periods[k];
-        const bool one = p == 1;
-        std::int64_t in_period = 0;
-        if (!one) {
-          in_period = phase[k] + (e - e0);
-          while (in_period >= p) in_period -= p;
-        }
-        const std::int64_t at = v.offset + in_period;
-        return RunOperand{static_cast<const char*>(v.data) + static_cast<std::size_t>(at) * size_of(v.dtype),
-                          one ? 0 : 1, v.dtype};
+      // Operand q's run over the segment starting at flat index e, and its
+      // step (0 for one element). Every period is a multiple of the segment
+      // length, so phase + (e - e0) wraps at most tile / period times.
+      auto at = [&](const Place& q, std::int64_t e) -> std::pair<const char*, std::int64_t> {
+        if (q.slot >= 0) return {reinterpret_cast<const char*>(scratch.data() + q.slot * tile) + (e - e0) * q.size, 1};
+        if (q.period == 0) return {q.base + e * q.size, 1};
+        if (q.period == 1) return {q.base, 0};
+        std::int64_t in_period = phase[q.input] + (e - e0);
+        while (in_period >= q.period) in_period -= q.period;
+        return {q.base + in_period * q.size, 1};
       };
       for (std::size_t i = 0; i < ns; ++i) {
         const FusedStep& s = steps[i];
-        const std::size_t size = size_of(s.dtype);
-        char* const y0 = slot[i] < 0 ? static_cast<char*>(outputs[i].data) +
-                                           static_cast<std::size_t>(outputs[i].offset + e0) * size
-                                     : reinterpret_cast<char*>(scratch.data() + slot[i] * tile);
-        values[i] = RunOperand{y0, 1, s.dtype};
+        const std::array<Place, 4>& q = places[i];
         for (std::int64_t e = e0, next = first_cut; e < end; e = next, next = std::min(end, next + segment)) {
-          const std::int64_t len = next - e;
-          char* const y = y0 + static_cast<std::size_t>(e - e0) * size;
-          const RunOperand a = operand(s.in[0], e);
-          const RunOperand b = s.num_in > 1 ? operand(s.in[1], e) : RunOperand{};
-          const RunOperand c = s.num_in > 2 ? operand(s.in[2], e) : RunOperand{};
-          switch (s.kind) {
-            case FusedStep::Kind::kUnary: detail::unary_run(static_cast<UnaryOp>(s.op), s.dtype, a.at, a.step, y, len); break;
-            case FusedStep::Kind::kBinary:
-              detail::binary_run(static_cast<BinaryOp>(s.op), s.dtype, a.at, a.step, b.at, b.step, y, len);
-              break;
-            case FusedStep::Kind::kScalar:
-              detail::scalar_run(static_cast<BinaryOp>(s.op), s.dtype, a.at, a.step, s.scalar, s.scalar_first, y, len);
-              break;
-            case FusedStep::Kind::kCompare:
-              detail::compare_run(static_cast<CompareOp>(s.op), a.dtype, a.at, a.step, b.at, b.step, y, len);
-              break;
-            case FusedStep::Kind::kCompareScalar:
-              detail::compare_scalar_run(static_cast<CompareOp>(s.op), a.dtype, a.at, a.step, s.scalar, y, len);
-              break;
-            case FusedStep::Kind::kWhere:
-              detail::where_run(s.dtype, a.at, a.step, b.at, b.step, c.at, c.step, y, len);
-              break;
-            case FusedStep::Kind::kCast: detail::cast_run(a.dtype, s.dtype, a.at, a.step, y, len); break;
-          }
+          const auto a = at(q[0], e);
+          const auto b = at(q[1], e);
+          const auto c = at(q[2], e);
+          char* const y = const_cast<char*>(at(q[3], e).first);
+          run_segment(s, a.first, a.second, q[0].dtype, b.first, b.second, c.first, c.second, y, next - e);
         }
       }
     }

@@ -104,13 +104,18 @@ class Scratch {
   double* data_ = nullptr;
 };
 
-// Elements per tile of the flat path: small enough that the live values of
-// a program (inputs, kept results, scratch: 4 KiB each in float32) stay in
-// the core's L1 while the tile is worked on; large enough that the per-step
-// dispatch is noise. On 16M-element float32 chains (bench_ndarray's fused
-// workloads) 1024 was as fast as 4096 on relu((x - m) / s * g + b) and 15%
-// faster on sigmoid(x * w + b), whose vector exp makes three passes a step.
+// Elements per tile of the flat path: at most kFlatTile, halved (down to
+// kMinFlatTile) while the bytes a tile touches (its elements of the dense
+// inputs and kept results, and the scratch slots) exceed kFlatTileBytes,
+// half of this machine's 48 KiB L1, so that a step's operands are still in
+// L1 when the next step reads them. On 16M-element float32 programs
+// (bench_ndarray's fused workloads) relu((x - m) / s * g + b) over full
+// arrays (32 bytes an element) ran 10-20% faster in tiles of 512 than of
+// 1024, and the same chain with row operands (16 bytes an element) 5-10%
+// slower in tiles of 512.
 constexpr std::int64_t kFlatTile = 1024;
+constexpr std::int64_t kMinFlatTile = 256;
+constexpr std::size_t kFlatTileBytes = 24 << 10;
 
 // The shortest segment the flat path cuts: below it, inputs broadcast along
 // short trailing dims go through the general path, which runs whole rows.
@@ -180,8 +185,6 @@ void fused_flat(std::span<const FusedStep> steps, std::span<const TensorView> in
   for (std::int64_t p : periods) {
     if (p > 1 && p < n) segment = std::min(segment, p);
   }
-  // A tile holds whole segments when segments are shorter than a tile.
-  const std::int64_t tile = segment >= kFlatTile ? kFlatTile : kFlatTile / segment * segment;
   const std::size_t ns = steps.size();
   std::vector<std::size_t> last_use(ns, 0);
   for (std::size_t i = 0; i < ns; ++i) {
@@ -213,6 +216,25 @@ void fused_flat(std::span<const FusedStep> steps, std::span<const TensorView> in
       }
     }
   }
+  // Bytes of a scratch slot's element: the widest dtype a slot holds.
+  std::size_t slot_elem = 1;
+  // Bytes a tile touches per element: dense inputs, kept results, slots.
+  std::size_t per_elem = 0;
+  for (std::size_t k = 0; k < inputs.size(); ++k) {
+    if (periods[k] == n) per_elem += size_of(inputs[k].dtype);
+  }
+  for (std::size_t i = 0; i < ns; ++i) {
+    if (slot[i] >= 0) slot_elem = std::max(slot_elem, size_of(steps[i].dtype));
+    if (outputs[i].data != nullptr) per_elem += size_of(steps[i].dtype);
+  }
+  per_elem += static_cast<std::size_t>(num_slots) * slot_elem;
+  std::int64_t tile = kFlatTile;
+  while (tile > kMinFlatTile && static_cast<std::size_t>(tile) * per_elem > kFlatTileBytes) tile /= 2;
+  // A tile holds whole segments when segments are shorter than a tile.
+  if (segment < tile) tile = tile / segment * segment;
+  // Slots a whole number of cache lines apart, in doubles (the scratch's unit).
+  const std::int64_t slot_stride =
+      static_cast<std::int64_t>((static_cast<std::size_t>(tile) * slot_elem + 63) / 64 * 64 / sizeof(double));
   const std::int64_t tiles = (n + tile - 1) / tile;
   // Where each step's operands and result are, worked out once per
   // program: a value in scratch (its slot), a kept result or an input dense
@@ -256,7 +278,7 @@ void fused_flat(std::span<const FusedStep> steps, std::span<const TensorView> in
     places[i][3] = place_of(static_cast<std::int32_t>(i));
   }
   auto run_tiles = [&](std::int64_t t0, std::int64_t t1) {
-    Scratch scratch(static_cast<std::size_t>(num_slots * tile));
+    Scratch scratch(static_cast<std::size_t>(num_slots * slot_stride));
     std::vector<std::int64_t> phase(inputs.size());  // a row's element at the tile's start
     for (std::int64_t t = t0; t < t1; ++t) {
       const std::int64_t e0 = t * tile;
@@ -273,7 +295,7 @@ void fused_flat(std::span<const FusedStep> steps, std::span<const TensorView> in
       // step (0 for one element). Every period is a multiple of the segment
       // length, so phase + (e - e0) wraps at most tile / period times.
       auto at = [&](const Place& q, std::int64_t e) -> std::pair<const char*, std::int64_t> {
-        if (q.slot >= 0) return {reinterpret_cast<const char*>(scratch.data() + q.slot * tile) + (e - e0) * q.size, 1};
+        if (q.slot >= 0) return {reinterpret_cast<const char*>(scratch.data() + q.slot * slot_stride) + (e - e0) * q.size, 1};
         if (q.period == 0) return {q.base + e * q.size, 1};
         if (q.period == 1) return {q.base, 0};
         std::int64_t in_period = phase[q.input] + (e - e0);

@@ -9,6 +9,8 @@
 #include <atomic>
 #include <numbers>
 #include <sstream>
+#include <thread>
+#include <vector>
 
 using namespace lazydag;
 using namespace lazydag::test;
@@ -246,6 +248,47 @@ TEST_SUITE("ndarray") {
     keep = NDArray();
     nd::waitall();
     CHECK(nd::memory_in_use() == before);
+  }
+
+  TEST_CASE("Arrays.SmallBuffersComeBackWhereverTheyAreFreed" * doctest::timeout(60)) {
+    // Small buffers are cached per thread: made on two threads, dropped on
+    // the other one, made again; every array keeps its own values, and the
+    // bytes in use come back to where they were.
+    nd::waitall();
+    const std::int64_t before = nd::memory_in_use();
+    constexpr int kArrays = 300;
+    auto make = [](int base, std::vector<NDArray>& out) {
+      for (int i = 0; i < kArrays; ++i) {
+        const auto n = static_cast<std::int64_t>(1 + (base + i) % 200);  // 4 B to 800 B
+        out.push_back(nd::full({n}, static_cast<double>(base + i)));
+      }
+    };
+    std::vector<NDArray> a;
+    std::vector<NDArray> b;
+    std::thread t([&] { make(0, a); });
+    make(kArrays, b);
+    t.join();
+    std::thread drop_a([&] { a.clear(); });  // a's buffers go to this thread's cache
+    std::vector<NDArray> c;
+    make(2 * kArrays, c);
+    drop_a.join();
+    std::vector<NDArray> d;
+    make(3 * kArrays, d);
+    for (const auto* v : {&b, &c, &d}) {
+      for (const NDArray& x : *v) {
+        const std::vector<float> got = x.to_vector<float>();
+        for (float g : got) CHECK(g == got[0]);
+      }
+    }
+    CHECK(b.front().to_vector<float>()[0] == static_cast<float>(kArrays));
+    CHECK(d.back().to_vector<float>()[0] == static_cast<float>(4 * kArrays - 1));
+    b.clear();
+    c.clear();
+    d.clear();
+    nd::waitall();
+    CHECK(nd::memory_in_use() == before);
+    nd::release_cached_memory();  // the shared cache and this thread's
+    CHECK(nd::memory_cached() == 0);
   }
 
   TEST_CASE("Arrays.BenchmarkWaitsForTheWork" * doctest::timeout(60)) {

@@ -369,9 +369,11 @@ void flush_fused();
 /// Bytes allocated on `dev` and not yet freed (freeing is recorded, so this
 /// drops once the frees have run). The host figure for a CPU device.
 [[nodiscard]] std::int64_t device_memory_in_use(Device dev);
-/// Bytes of freed storage kept by the host pool for reuse (at most 1 GiB).
+/// Bytes of freed storage kept by the host pool for reuse (at most 1 GiB;
+/// besides, each thread keeps up to 64 KiB of buffers of 4 KiB or less).
 [[nodiscard]] std::int64_t memory_cached();
-/// Returns the pool's cached buffers to the system. Thread-safe.
+/// Returns the pool's cached buffers, and the calling thread's, to the
+/// system. Thread-safe.
 void release_cached_memory();
 
 }  // namespace nd

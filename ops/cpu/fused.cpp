@@ -193,7 +193,8 @@ void fused_flat(std::span<const FusedStep> steps, std::span<const TensorView> in
       if (r >= 0) last_use[static_cast<std::size_t>(r)] = i;
     }
   }
-  // Slot of each scratch value, in tiles of doubles; -1 for kept results.
+  // Slot of each scratch value (slot_stride doubles each, below); -1 for
+  // kept results.
   std::vector<std::int64_t> slot(ns, -1);
   std::vector<std::int64_t> free_slots;
   std::int64_t num_slots = 0;
@@ -295,7 +296,9 @@ void fused_flat(std::span<const FusedStep> steps, std::span<const TensorView> in
       // step (0 for one element). Every period is a multiple of the segment
       // length, so phase + (e - e0) wraps at most tile / period times.
       auto at = [&](const Place& q, std::int64_t e) -> std::pair<const char*, std::int64_t> {
-        if (q.slot >= 0) return {reinterpret_cast<const char*>(scratch.data() + q.slot * slot_stride) + (e - e0) * q.size, 1};
+        if (q.slot >= 0) {
+          return {reinterpret_cast<const char*>(scratch.data() + q.slot * slot_stride) + (e - e0) * q.size, 1};
+        }
         if (q.period == 0) return {q.base + e * q.size, 1};
         if (q.period == 1) return {q.base, 0};
         std::int64_t in_period = phase[q.input] + (e - e0);

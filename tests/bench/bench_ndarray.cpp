@@ -301,8 +301,10 @@ int main(int argc, char** argv) {
         const auto vsd = sd.to_vector<float>();
         const auto vg = g.to_vector<float>();
         std::vector<float> vy(static_cast<std::size_t>(n));
-        auto by_rows = [&](auto body) {  // body(i, j): element i, parameter j; on two threads
-          auto half = [&](std::int64_t lo, std::int64_t hi) {
+        // body(x, j): the result for input x and parameter index j, over
+        // the two halves (each a whole number of rows) on two threads.
+        auto by_rows = [&](auto body) {
+          split2([&](std::int64_t lo, std::int64_t hi) {
             for (std::int64_t r0 = lo; r0 < hi; r0 += period) {
               float* __restrict y = vy.data() + r0;
               const float* __restrict x = vx.data() + r0;
@@ -310,11 +312,7 @@ int main(int argc, char** argv) {
               const std::int64_t j0 = rows ? 0 : r0;
               for (std::int64_t i = 0; i < len; ++i) y[i] = body(x[i], j0 + i);
             }
-          };
-          const std::int64_t mid = rows ? n / 2 / period * period : n / 2;
-          std::thread t([&] { half(mid, n); });
-          half(0, mid);
-          t.join();
+          });
         };
         const float* pw = vw.data();
         const float* pbb = vbb.data();
@@ -322,7 +320,9 @@ int main(int argc, char** argv) {
         const float* psd = vsd.data();
         const float* pg = vg.data();
         const std::map<std::string, std::function<void()>> handfused = {
-            {"sigmoid", [&] { by_rows([=](float x, std::int64_t j) { return 1.0F / (1.0F + std::exp(-(x * pw[j] + pbb[j]))); }); }},
+            {"sigmoid", [&] {
+               by_rows([=](float x, std::int64_t j) { return 1.0F / (1.0F + std::exp(-(x * pw[j] + pbb[j]))); });
+             }},
             {"chain6", [&] {
                by_rows([=](float x, std::int64_t j) {
                  const float v = (x - pm[j]) / psd[j] * pg[j] + pbb[j];

@@ -9,9 +9,11 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "small_vector.hpp"
 #include "sync.hpp"
@@ -30,6 +32,42 @@ struct ErrorRecord {
       : op_name(std::move(name)), cause(std::move(c)), seq(s) {}
 };
 using ErrorPtr = std::shared_ptr<ErrorRecord>;
+
+// A node's name, stored without an allocation per record: up to kInline
+// characters in the node itself (a fused node's name lists its ops, often
+// past std::string's 15), longer ones in a heap buffer the node keeps for
+// its next records. Nodes are pooled: a std::string allocated whenever a
+// long name landed on a node that had only held short ones.
+class NodeName {
+ public:
+  static constexpr std::size_t kInline = 79;
+  NodeName() = default;
+  NodeName(const NodeName&) = delete;
+  NodeName& operator=(const NodeName&) = delete;
+  void assign(std::string_view s) {
+    char* d = inline_;
+    if (s.size() > kInline) {
+      if (s.size() > heap_cap_) {
+        heap_ = std::make_unique<char[]>(s.size() + 1);
+        heap_cap_ = s.size();
+      }
+      d = heap_.get();
+    }
+    std::memcpy(d, s.data(), s.size());
+    d[s.size()] = '\0';
+    size_ = s.size();
+  }
+  void clear() noexcept { assign(std::string_view()); }
+  [[nodiscard]] const char* c_str() const noexcept { return size_ > kInline ? heap_.get() : inline_; }
+  [[nodiscard]] std::string_view view() const noexcept { return {c_str(), size_}; }
+  [[nodiscard]] std::string str() const { return std::string(view()); }
+
+ private:
+  char inline_[kInline + 1] = {};
+  std::size_t size_ = 0;
+  std::unique_ptr<char[]> heap_;
+  std::size_t heap_cap_ = 0;
+};
 
 // Fields marked [rec] belong to the recorder lock (EngineImpl::record_mu_);
 // the others say what orders them.
@@ -75,7 +113,7 @@ struct Node {
   Function fn;                        // [imm] until run; reset by the thread that runs it
   SmallVector<VarState*, 4> reads;    // [imm] every var read, read-modify-writes included
   SmallVector<VarState*, 4> writes;   // [imm]
-  std::string name;                   // [imm]
+  NodeName name;                      // [imm]
   std::uint64_t seq = 0;              // [imm] record order, unique per engine
   Device device;                      // [imm]
   int priority = 0;                   // [imm]

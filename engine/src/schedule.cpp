@@ -206,7 +206,7 @@ void EngineImpl::async_done(Node* n, std::exception_ptr error) noexcept {
   ErrorPtr err;
   if (error) {
     try {
-      err = std::make_shared<ErrorRecord>(n->name, std::move(error), n->seq);
+      err = std::make_shared<ErrorRecord>(n->name.str(), std::move(error), n->seq);
     } catch (...) {  // out of memory: the node still completes
     }
   }
@@ -278,7 +278,7 @@ void EngineImpl::execute(Node* n, const RunContext& ctx) {
         n->fn(ctx);
       }
     } catch (...) {
-      err = std::make_shared<ErrorRecord>(n->name, std::current_exception(), n->seq);
+      err = std::make_shared<ErrorRecord>(n->name.str(), std::current_exception(), n->seq);
       failed = true;
     }
     tls_running_node = outer_node;
@@ -361,7 +361,7 @@ void EngineImpl::trace(const Node* n) const {
   profiler::detail::NodeEvent e;
   e.engine = profile_id_;
   e.id = n->seq;
-  e.name = n->name;
+  e.name = n->name.str();
   e.device = n->device;
   e.worker = n->worker;
   // A node recorded before the profiler started has only run times.

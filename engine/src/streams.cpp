@@ -101,7 +101,7 @@ void EngineImpl::launch(Node* n) {
   } catch (...) {
     n->has_event = false;
     // Nothing was enqueued: the node fails here, and finish_node completes it.
-    auto err = std::make_shared<ErrorRecord>(n->name, std::current_exception(), n->seq);
+    auto err = std::make_shared<ErrorRecord>(n->name.str(), std::current_exception(), n->seq);
     for (VarState* v : n->writes) v->poison = err;
     const EngineImpl* outer = tls_running_engine;
     tls_running_engine = this;
@@ -174,7 +174,7 @@ void EngineImpl::stream_complete(Node* n, std::exception_ptr async_error, Device
     // Reported only now: consumers already launched on the device ran on
     // what it left; the waits report this error (and a CUDA context error
     // is sticky, failing them too).
-    auto err = std::make_shared<ErrorRecord>(n->name, async_error, n->seq);
+    auto err = std::make_shared<ErrorRecord>(n->name.str(), async_error, n->seq);
     for (VarState* v : n->writes) v->poison = err;
     n->error = std::move(err);
     n->failed = true;

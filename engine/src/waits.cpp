@@ -366,7 +366,7 @@ std::string EngineImpl::describe_pending(Node* target) {
       os << "  ... and " << nodes.size() - 20 << " more\n";
       break;
     }
-    os << "  #" << n->seq << " '" << n->name << "' on " << n->device.str();
+    os << "  #" << n->seq << " '" << n->name.view() << "' on " << n->device.str();
     if (n->stream >= 0) os << " stream " << n->stream;
     os << ": " << state_name(n);
     const std::uint32_t pending = n->pending.load(std::memory_order_relaxed);
@@ -569,7 +569,7 @@ std::vector<PendingNode> EngineImpl::pending_nodes() {
     if (!n->live) return;
     PendingNode p;
     p.id = n->seq;
-    p.name = n->name;
+    p.name = n->name.str();
     p.device = n->device;
     p.priority = n->priority;
     p.requested = n->requested;

@@ -30,12 +30,14 @@
 #include <lazydag/ndarray.hpp>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdlib>
 #include <deque>
 #include <iostream>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "object_pool.hpp"
@@ -87,45 +89,118 @@ ops::TensorView view_of(const ArrayState& s) {
   return ops::TensorView{s.storage->data, s.dtype, s.shape, s.strides, s.offset};
 }
 
-// The recorded form of a group: what the fused node's function keeps.
+// The recorded form of a group: what the fused node's function keeps, and
+// the views its run passes to the interpreter.
 struct Program {
   std::vector<ops::FusedStep> steps;
   std::vector<StatePtr> ext;
   std::vector<StatePtr> kept;  // step i's result, or null when nobody reads it
   Shape domain;
+  std::vector<ops::TensorView> in;
+  std::vector<ops::TensorView> out;
+};
+
+// Programs are reused, with their vectors' capacity: recording and running
+// a fused node then allocate nothing once a thread has made a few. Cached
+// per thread (the thread that destroys a node's function: its frontend
+// thread, or the one that ran it inline), a few at most in use at once.
+// ASan builds free every program, so a use after free is still reported.
+namespace program_cache {
+constexpr std::size_t kMaxCached = kPoolObjects ? 64 : 0;
+thread_local bool t_gone = false;  // trivially destructible: readable at thread exit
+struct Cache {
+  std::vector<Program*> free;
+  ~Cache() {
+    t_gone = true;
+    for (Program* p : free) delete p;
+  }
+};
+Cache& cache() {
+  thread_local Cache c;
+  return c;
+}
+}  // namespace program_cache
+
+// Owns one Program; gives it back to the destroying thread's cache, emptied
+// of its array references.
+class ProgramHandle {
+ public:
+  ProgramHandle() {
+    if (!program_cache::t_gone) {
+      auto& free = program_cache::cache().free;
+      if (!free.empty()) {
+        p_ = free.back();
+        free.pop_back();
+        return;
+      }
+    }
+    p_ = new Program;
+  }
+  ProgramHandle(ProgramHandle&& o) noexcept : p_(std::exchange(o.p_, nullptr)) {}
+  ProgramHandle& operator=(ProgramHandle&&) = delete;
+  ProgramHandle(const ProgramHandle&) = delete;
+  ProgramHandle& operator=(const ProgramHandle&) = delete;
+  ~ProgramHandle() {
+    if (p_ == nullptr) return;
+    p_->ext.clear();  // the arrays go now, wherever the program goes
+    p_->kept.clear();
+    p_->in.clear();
+    p_->out.clear();
+    if (!program_cache::t_gone) {
+      auto& free = program_cache::cache().free;
+      if (free.size() < program_cache::kMaxCached) {
+        try {
+          free.push_back(p_);
+          return;
+        } catch (...) {  // no room to cache it: freed below
+        }
+      }
+    }
+    delete p_;
+  }
+  Program& operator*() const noexcept { return *p_; }
+  Program* operator->() const noexcept { return p_; }
+
+ private:
+  Program* p_;
 };
 
 // Records `g` (its mutex held) as one node and empties it.
 void flush_locked(Group& g) {
   if (!g.open.load(std::memory_order_relaxed)) return;
-  Program p;
-  p.kept.resize(g.steps.size());
+  // A group has at most kMaxInputs external inputs and kMaxSteps steps
+  // (append): the bookkeeping below lives on the stack.
+  const std::size_t num_ext = g.ext.size();
+  const std::size_t num_steps = g.steps.size();
   // The engine's reads: the external inputs' vars, each once.
-  std::vector<engine::Var> reads;
-  std::vector<const Storage*> seen;
-  std::vector<std::uint64_t> read_of(g.ext.size());  // external input -> its read's bit
-  for (std::size_t k = 0; k < g.ext.size(); ++k) {
+  std::array<engine::Var, kMaxInputs> reads;
+  std::array<const Storage*, kMaxInputs> seen;
+  std::size_t num_reads = 0;
+  std::array<std::uint64_t, kMaxInputs> read_of{};  // external input -> its read's bit
+  for (std::size_t k = 0; k < num_ext; ++k) {
     const Storage* s = g.ext[k]->storage.get();
     std::size_t r = 0;
-    while (r < seen.size() && seen[r] != s) ++r;
-    if (r == seen.size()) {
-      seen.push_back(s);
-      reads.push_back(s->var);
+    while (r < num_reads && seen[r] != s) ++r;
+    if (r == num_reads) {
+      seen[r] = s;
+      reads[r] = s->var;
+      ++num_reads;
     }
-    read_of[k] = std::uint64_t{1} << r;  // at most kMaxInputs reads
+    read_of[k] = std::uint64_t{1} << r;
   }
   // Which reads each step's result is computed from: a failed input then
   // fails only the results that depend on it, as the separate ops would.
-  std::vector<std::uint64_t> sources(g.steps.size(), 0);
-  for (std::size_t i = 0; i < g.steps.size(); ++i) {
+  std::array<std::uint64_t, kMaxSteps> sources{};
+  for (std::size_t i = 0; i < num_steps; ++i) {
     const ops::FusedStep& st = g.steps[i];
     for (int j = 0; j < st.num_in; ++j) {
       const std::int32_t r = st.in[static_cast<std::size_t>(j)];
       sources[i] |= r >= 0 ? sources[static_cast<std::size_t>(r)] : read_of[static_cast<std::size_t>(-1 - r)];
     }
   }
-  std::vector<engine::Var> writes;
-  std::vector<std::uint64_t> write_sources;
+  std::array<engine::Var, kMaxSteps> writes;
+  std::array<std::uint64_t, kMaxSteps> write_sources{};
+  std::size_t num_writes = 0;
   std::size_t bytes = 0;
   for (std::size_t i = 0; i < g.outs.size(); ++i) {
     // The group's reference and at least one more: a handle holds it.
@@ -135,40 +210,46 @@ void flush_locked(Group& g) {
       // buffer is allocated by the node, on its stream.
       if (!g.dev.is_stream_device() && s.data == nullptr) s.allocate();
       bytes += s.bytes;
-      p.kept[i] = g.outs[i];
-      writes.push_back(s.var);
-      write_sources.push_back(sources[i]);
+      writes[num_writes] = s.var;
+      write_sources[num_writes] = sources[i];
+      ++num_writes;
     }
   }
-  if (!writes.empty()) {
-    p.steps = g.steps;
-    p.ext = g.ext;
-    p.domain = g.domain;
+  if (num_writes != 0) {
+    ProgramHandle p;
+    p->kept.resize(num_steps);
+    for (std::size_t i = 0; i < num_steps; ++i) {
+      if (g.outs[i].use_count() > 1) p->kept[i] = g.outs[i];
+    }
+    p->steps.assign(g.steps.begin(), g.steps.end());
+    p->ext.assign(g.ext.begin(), g.ext.end());
+    p->domain = g.domain;
     engine::PushOptions o;
     o.device = g.dev;
     o.name = g.name;
-    o.write_sources = write_sources;
+    o.write_sources = std::span<const std::uint64_t>(write_sources.data(), num_writes);
     if (g.dev.is_stream_device()) o.bytes = bytes;
     // The cost hint: the inputs and kept results, and a byte per element
     // and step for the work in cache.
-    std::size_t touched = bytes + g.steps.size() * static_cast<std::size_t>(numel(g.domain));
-    for (const Storage* in : seen) touched += in->bytes;
+    std::size_t touched = bytes + num_steps * static_cast<std::size_t>(numel(g.domain));
+    for (std::size_t r = 0; r < num_reads; ++r) touched += seen[r]->bytes;
     o.cost_bytes = std::max<std::size_t>(touched, 1);
     nd::engine().push(
         [p = std::move(p)](const engine::RunContext& ctx) {
-          for (const StatePtr& k : p.kept) {
+          Program& q = *p;
+          for (const StatePtr& k : q.kept) {
             if (k) k->storage->ensure(ctx);  // a stream device's result: its buffer, in stream order
           }
-          std::vector<ops::TensorView> in;
-          in.reserve(p.ext.size());
-          for (const StatePtr& e : p.ext) in.push_back(view_of(*e));
-          std::vector<ops::TensorView> out(p.kept.size());
-          for (std::size_t i = 0; i < p.kept.size(); ++i) {
-            if (p.kept[i]) out[i] = view_of(*p.kept[i]);
+          q.in.clear();
+          for (const StatePtr& e : q.ext) q.in.push_back(view_of(*e));
+          q.out.assign(q.kept.size(), ops::TensorView{});
+          for (std::size_t i = 0; i < q.kept.size(); ++i) {
+            if (q.kept[i]) q.out[i] = view_of(*q.kept[i]);
           }
-          ops::fused(ctx, p.steps, in, out, p.domain);  // a CPU loop over tiles, or one CUDA kernel
+          ops::fused(ctx, q.steps, q.in, q.out, q.domain);  // a CPU loop over tiles, or one CUDA kernel
         },
-        reads, writes, o);
+        std::span<const engine::Var>(reads.data(), num_reads), std::span<const engine::Var>(writes.data(), num_writes),
+        o);
   }
   // Recorded (or nothing to compute: no result is held): later accesses
   // need not settle.

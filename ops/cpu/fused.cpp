@@ -14,6 +14,9 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <span>
+#include <type_traits>
 #include <vector>
 
 #include <lazydag/ops/kernels.hpp>
@@ -53,6 +56,42 @@ void run_step(const FusedStep& s, const TensorView* const (&in)[3], const Tensor
   }
 }
 
+
+// A run's bookkeeping array of n values: on the stack up to N (every
+// program the frontend records: at most 32 steps and 16 inputs), else on
+// the heap. A tiny fused node otherwise paid a dozen mallocs per run.
+template <class T, std::size_t N>
+class LocalArray {
+  static_assert(std::is_trivially_destructible_v<T>);
+
+ public:
+  explicit LocalArray(std::size_t n, const T& value = T{}) : n_(n) {
+    if (n > N) {
+      heap_ = std::make_unique<T[]>(n);
+      p_ = heap_.get();
+    } else {
+      p_ = reinterpret_cast<T*>(inline_);  // only the first n are made
+    }
+    std::uninitialized_fill_n(p_, n, value);
+  }
+  LocalArray(const LocalArray&) = delete;
+  LocalArray& operator=(const LocalArray&) = delete;
+  T& operator[](std::size_t i) noexcept { return p_[i]; }
+  const T& operator[](std::size_t i) const noexcept { return p_[i]; }
+  [[nodiscard]] std::size_t size() const noexcept { return n_; }
+  T* begin() noexcept { return p_; }
+  T* end() noexcept { return p_ + n_; }
+  [[nodiscard]] std::span<const T> span() const noexcept { return {p_, n_}; }
+
+ private:
+  alignas(T) unsigned char inline_[N * sizeof(T)];
+  std::unique_ptr<T[]> heap_;
+  T* p_;
+  std::size_t n_;
+};
+
+constexpr std::size_t kLocalSteps = 32;
+constexpr std::size_t kLocalInputs = 16;
 
 // Scratch memory of the calling thread for one call of a tile loop, kept
 // between calls; a call nested in another on the same thread (oneTBB may run
@@ -186,7 +225,7 @@ void fused_flat(std::span<const FusedStep> steps, std::span<const TensorView> in
     if (p > 1 && p < n) segment = std::min(segment, p);
   }
   const std::size_t ns = steps.size();
-  std::vector<std::size_t> last_use(ns, 0);
+  LocalArray<std::size_t, kLocalSteps> last_use(ns, 0);
   for (std::size_t i = 0; i < ns; ++i) {
     for (int j = 0; j < steps[i].num_in; ++j) {
       const std::int32_t r = steps[i].in[static_cast<std::size_t>(j)];
@@ -195,25 +234,26 @@ void fused_flat(std::span<const FusedStep> steps, std::span<const TensorView> in
   }
   // Slot of each scratch value (slot_stride doubles each, below); -1 for
   // kept results.
-  std::vector<std::int64_t> slot(ns, -1);
-  std::vector<std::int64_t> free_slots;
+  LocalArray<std::int64_t, kLocalSteps> slot(ns, -1);
+  LocalArray<std::int64_t, kLocalSteps> free_slots(ns);  // a stack of num_free
+  std::size_t num_free = 0;
   std::int64_t num_slots = 0;
   for (std::size_t i = 0; i < ns; ++i) {
     // Inputs whose last reader is step i are free for step i's result only
     // after it: a row function may not write where it reads another value.
     if (outputs[i].data == nullptr) {
-      if (free_slots.empty()) {
+      if (num_free == 0) {
         slot[i] = num_slots++;
       } else {
-        slot[i] = free_slots.back();
-        free_slots.pop_back();
+        slot[i] = free_slots[--num_free];
       }
     }
     for (int j = 0; j < steps[i].num_in; ++j) {
       const std::int32_t r = steps[i].in[static_cast<std::size_t>(j)];
       if (r >= 0 && last_use[static_cast<std::size_t>(r)] == i && slot[static_cast<std::size_t>(r)] >= 0 &&
-          std::find(free_slots.begin(), free_slots.end(), slot[static_cast<std::size_t>(r)]) == free_slots.end()) {
-        free_slots.push_back(slot[static_cast<std::size_t>(r)]);
+          std::find(free_slots.begin(), free_slots.begin() + num_free, slot[static_cast<std::size_t>(r)]) ==
+              free_slots.begin() + num_free) {
+        free_slots[num_free++] = slot[static_cast<std::size_t>(r)];
       }
     }
   }
@@ -271,7 +311,7 @@ void fused_flat(std::span<const FusedStep> steps, std::span<const TensorView> in
     q.input = k;
     return q;
   };
-  std::vector<std::array<Place, 4>> places(ns);  // per step: operands 0..2, result 3
+  LocalArray<std::array<Place, 4>, kLocalSteps> places(ns);  // per step: operands 0..2, result 3
   for (std::size_t i = 0; i < ns; ++i) {
     for (int j = 0; j < steps[i].num_in; ++j) {
       places[i][static_cast<std::size_t>(j)] = place_of(steps[i].in[static_cast<std::size_t>(j)]);
@@ -280,7 +320,7 @@ void fused_flat(std::span<const FusedStep> steps, std::span<const TensorView> in
   }
   auto run_tiles = [&](std::int64_t t0, std::int64_t t1) {
     Scratch scratch(static_cast<std::size_t>(num_slots * slot_stride));
-    std::vector<std::int64_t> phase(inputs.size());  // a row's element at the tile's start
+    LocalArray<std::int64_t, kLocalInputs> phase(inputs.size());  // a row's element at the tile's start
     for (std::int64_t t = t0; t < t1; ++t) {
       const std::int64_t e0 = t * tile;
       const std::int64_t end = std::min(e0 + tile, n);
@@ -335,7 +375,7 @@ void fused(std::span<const FusedStep> steps, std::span<const TensorView> inputs,
   // segments the periods cut are long enough that a row function's call
   // costs little beside its work. Otherwise tiles are ranges of rows (the
   // first dim) and inputs keep their broadcast strides.
-  std::vector<std::int64_t> periods(inputs.size());
+  LocalArray<std::int64_t, kLocalInputs> periods(inputs.size());
   bool flat = true;
   std::int64_t shortest = n;
   for (std::size_t k = 0; k < inputs.size(); ++k) {
@@ -344,7 +384,7 @@ void fused(std::span<const FusedStep> steps, std::span<const TensorView> inputs,
     if (periods[k] > 1) shortest = std::min(shortest, periods[k]);
   }
   if (flat && (shortest >= kMinSegment || shortest == n)) {
-    fused_flat(steps, inputs, periods, outputs, n);
+    fused_flat(steps, inputs, periods.span(), outputs, n);
     return;
   }
   const std::int64_t rows_total = domain[0];

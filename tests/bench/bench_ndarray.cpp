@@ -149,6 +149,26 @@ int main(int argc, char** argv) {
     std::printf("bench=ndarray workload=tiny_chain fusion=off ns_per_op=%.0f\n", unfused / ops * 1e9);
     std::printf("bench=ndarray workload=tiny_chain fusion=on ns_per_op=%.0f\n", fused / ops * 1e9);
     std::printf("bench=ndarray workload=tiny_chain speedup_vs_unfused=%.2f\n", unfused / fused);
+    // A two-op expression on 256 elements, read after each: one fused node
+    // against two nodes. What a fused node costs beyond the ops it runs.
+    NDArray p = nd::random_normal({256}, cpu(), 7);
+    NDArray q = nd::random_normal({256}, cpu(), 8);
+    const int exprs = 5000;
+    auto expr = [&] {
+      for (int i = 0; i < exprs; ++i) ((p - q) * 0.5).wait_to_read();
+    };
+    const double two_nodes = median_seconds(expr, kTinyRepeats);
+    nd::set_fusion(true);
+    const double one_node = median_seconds(expr, kTinyRepeats);
+    allocations = 0;
+    counting = true;
+    expr();
+    counting = false;
+    nd::set_fusion(false);
+    std::printf("bench=ndarray workload=tiny_expr fusion=off ns_per_expr=%.0f\n", two_nodes / exprs * 1e9);
+    std::printf("bench=ndarray workload=tiny_expr fusion=on ns_per_expr=%.0f allocs_per_expr=%.2f\n",
+                one_node / exprs * 1e9, static_cast<double>(allocations) / exprs);
+    std::printf("bench=ndarray workload=tiny_expr speedup_vs_unfused=%.2f\n", two_nodes / one_node);
   }
   nd::set_fusion(fusion);
   // sgemm: lazydag (64-row blocks of a single-threaded BLAS over the

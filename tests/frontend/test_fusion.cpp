@@ -4,10 +4,29 @@
 // results nobody holds are never allocated; errors keep their origin.
 #include "reference.hpp"
 
+#include <lazydag/ops/kernels.hpp>
+
+#include <cstdlib>
 #include <cstring>
+#include <new>
 #include <future>
 #include <random>
 #include <thread>
+
+// Allocations through the global operator new made by this thread while
+// `g_counting` is set (malloc underneath).
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+namespace {
+thread_local bool g_counting = false;
+thread_local long g_allocations = 0;
+}  // namespace
+void* operator new(std::size_t n) {
+  if (g_counting) ++g_allocations;
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 using namespace lazydag;
 using namespace lazydag::test;
@@ -166,6 +185,28 @@ TEST_CASE("intermediates nobody holds are never allocated") {
   CHECK(y.to_vector<float>()[9] == 9.0F);
 }
 
+TEST_CASE("a fused expression allocates nothing once warm") {
+#if defined(__SANITIZE_ADDRESS__)
+  return;  // object and buffer pools are off under AddressSanitizer
+#endif
+  if (default_device().kind != DeviceKind::kCpu) return;
+  FusionScope on(true);
+  NDArray p = random_array({256}, DType::kFloat32, 4);
+  NDArray q = random_array({256}, DType::kFloat32, 5);
+  auto expr = [&] {
+    NDArray y = nd::sigmoid((p - q) * 0.5);
+    y.wait_to_read();
+  };
+  for (int i = 0; i < 200; ++i) expr();  // warm: pools, caches
+  g_allocations = 0;
+  g_counting = true;
+  for (int i = 0; i < 200; ++i) expr();
+  g_counting = false;
+  // Recording, running (here or on a worker) and freeing: no allocation
+  // on this thread (the result's buffer comes from the host pool).
+  CHECK(g_allocations == 0);
+}
+
 TEST_CASE("gathered ops come before a later in-place write, view or copy of their buffers") {
   FusionScope on(true);
   NDArray x = nd::full({1000}, 2.0);
@@ -318,4 +359,64 @@ TEST_CASE("a column of a transposed array, squeezed to one dimension") {
   const auto xv = x.to_vector<float>();
   const auto cv = column.to_vector<float>();
   for (std::size_t i = 0; i < cv.size(); ++i) CHECK(cv[i] == xv[i * 7 + 2]);
+}
+
+TEST_CASE("the interpreter runs programs longer and wider than a group, as the separate kernels") {
+  // 40 steps over 20 inputs (a group holds at most 32 and 16): the
+  // interpreter's bookkeeping then leaves the stack. Every fifth result is
+  // kept, the rest live in scratch slots; each kept result must have the
+  // bits the unfused kernels give.
+  using ops::FusedStep;
+  using ops::TensorView;
+  constexpr std::int64_t n = 3000;
+  constexpr int kInputs = 20;
+  constexpr int kSteps = 40;
+  const Shape domain{n};
+  const Strides dense{1};
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-1.0F, 1.0F);
+  std::vector<std::vector<float>> in(kInputs, std::vector<float>(n));
+  for (auto& v : in) {
+    for (float& f : v) f = u(rng);
+  }
+  auto view = [&](std::vector<float>& v) { return TensorView{v.data(), DType::kFloat32, domain, dense, 0}; };
+  std::vector<FusedStep> steps(kSteps);
+  std::vector<TensorView> inputs;
+  for (auto& v : in) inputs.push_back(view(v));
+  std::vector<std::vector<float>> fused_out(kSteps, std::vector<float>(n));
+  std::vector<std::vector<float>> want(kSteps, std::vector<float>(n));
+  std::vector<TensorView> outputs(kSteps);
+  for (int i = 0; i < kSteps; ++i) {
+    FusedStep& s = steps[static_cast<std::size_t>(i)];
+    const auto& prev = i == 0 ? in[0] : want[static_cast<std::size_t>(i - 1)];
+    std::vector<float> prev_copy = prev;
+    TensorView a = view(prev_copy);
+    TensorView y = view(want[static_cast<std::size_t>(i)]);
+    s.dtype = DType::kFloat32;
+    s.num_in = i < kInputs ? 2 : 1;
+    s.in[0] = i == 0 ? -1 : i - 1;
+    if (i < kInputs) {
+      s.kind = FusedStep::Kind::kBinary;
+      s.op = static_cast<std::uint8_t>(i % 2 == 0 ? ops::BinaryOp::kAdd : ops::BinaryOp::kMul);
+      s.in[1] = -1 - i;
+      ops::cpu::binary(static_cast<ops::BinaryOp>(s.op), a, inputs[static_cast<std::size_t>(i)], y);
+    } else {
+      s.kind = i % 2 == 0 ? FusedStep::Kind::kUnary : FusedStep::Kind::kScalar;
+      s.op = static_cast<std::uint8_t>(i % 2 == 0 ? static_cast<int>(ops::UnaryOp::kTanh)
+                                                   : static_cast<int>(ops::BinaryOp::kMul));
+      s.scalar = 1.5;
+      if (i % 2 == 0) {
+        ops::cpu::unary(ops::UnaryOp::kTanh, a, y);
+      } else {
+        ops::cpu::binary_scalar(ops::BinaryOp::kMul, a, 1.5, false, y);
+      }
+    }
+    if (i % 5 == 4) outputs[static_cast<std::size_t>(i)] = view(fused_out[static_cast<std::size_t>(i)]);
+  }
+  ops::cpu::fused(steps, inputs, outputs, domain);
+  for (int i = 4; i < kSteps; i += 5) {
+    CAPTURE(i);
+    CHECK(std::memcmp(fused_out[static_cast<std::size_t>(i)].data(), want[static_cast<std::size_t>(i)].data(),
+                      n * sizeof(float)) == 0);
+  }
 }

@@ -115,6 +115,10 @@ class EngineImpl {
 
   // ---- schedule.cpp: no lock held
   void make_ready(Node* n);
+  void make_ready_batch();  // recorder lock: ready_batch_'s nodes, as make_ready each
+  bool hand_to_waiter(Node* n);
+  static constexpr std::size_t kReadyBatch = 64;
+  void make_ready_many(Node* const* nodes, std::size_t k);
   void run_inline(Node* n);
   bool claim(Node* n);
   Node* pop_queue();
@@ -124,6 +128,8 @@ class EngineImpl {
   Node* finish_node(Node* n, Bypass bypass);
   Node* complete(Node* n, Bypass bypass);
   Node* ready_successor(Node* s, Node* kept, Bypass bypass);
+  [[nodiscard]] bool can_bypass(Node* s, Bypass bypass) const;
+  Node* take_for_bypass(Node* s);
   void execute(Node* n, const RunContext& ctx);
   void trace(const Node* n) const;
   void notify_idle();
@@ -163,6 +169,12 @@ class EngineImpl {
   Node* unreq_tail_ = nullptr;
   std::size_t unreq_count_ = 0;
   std::vector<Node*> scratch_;       // recorder lock: traversal stack
+  // Recorder lock: while batching_, request() collects the nodes it makes
+  // ready here and make_ready_batch() queues them under one queue lock
+  // (a waitall's request of everything recorded).
+  bool batching_ = false;
+  std::array<Node*, kReadyBatch> ready_batch_{};
+  std::size_t ready_batch_size_ = 0;
 
   // Unfinished nodes, counted by the parity of the waitall epoch they were
   // recorded in: recorded minus completed. A waitall flips the epoch

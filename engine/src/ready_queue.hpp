@@ -37,6 +37,28 @@ class ReadyQueue {
     size_.fetch_add(1, std::memory_order_seq_cst);
   }
 
+  /// push() of k nodes under one lock (nodes[i] with priorities[i] and seqs[i]).
+  void push_batch(NodeT* const* nodes, std::size_t k) {
+    if (k == 0) return;
+    {
+      std::lock_guard lk(mu_);
+      for (std::size_t i = 0; i < k; ++i) {
+        NodeT* n = nodes[i];
+        if (n->priority == 0) {
+          if (count_ == ring_.size()) grow();
+          ring_[(head_ + count_) & (ring_.size() - 1)] = n;
+          ++count_;
+        } else {
+          heap_.push_back(Entry{n->priority, n->seq, n});
+          std::push_heap(heap_.begin(), heap_.end(), later);
+        }
+      }
+      heap_size_.store(heap_.size(), std::memory_order_relaxed);
+      // seq_cst: as in push().
+      size_.fetch_add(k, std::memory_order_seq_cst);
+    }
+  }
+
   /// Room for `n` priority-0 entries without allocating (the window bounds
   /// how many nodes can be ready at once). Not thread-safe: at construction.
   void reserve(std::size_t n) {
@@ -49,19 +71,29 @@ class ReadyQueue {
   NodeT* pop() {
     if (size_.load(std::memory_order_relaxed) == 0) return nullptr;
     std::lock_guard lk(mu_);
-    NodeT* n = nullptr;
-    if (!heap_.empty() && (heap_.front().priority > 0 || count_ == 0)) {
-      std::pop_heap(heap_.begin(), heap_.end(), later);
-      n = heap_.back().node;
-      heap_.pop_back();
-      heap_size_.store(heap_.size(), std::memory_order_relaxed);
-    } else if (count_ != 0) {
-      n = ring_[head_];
-      head_ = (head_ + 1) & (ring_.size() - 1);
-      --count_;
+    return pop_locked();
+  }
+
+  /// Takes up to `max` of the oldest entries at once (their refs pass to the
+  /// caller), at most a `ways`-th of those waiting (at least one): a worker
+  /// draining a long queue of small nodes takes the lock once per batch,
+  /// and leaves the rest to the others. Only one while prioritised entries
+  /// wait (pop's order). Returns how many.
+  std::size_t pop_batch(NodeT** out, std::size_t max, std::size_t ways) {
+    if (size_.load(std::memory_order_relaxed) == 0) return 0;
+    std::lock_guard lk(mu_);
+    if (!heap_.empty() || count_ == 0) {
+      out[0] = pop_locked();
+      return out[0] != nullptr ? 1 : 0;
     }
-    if (n != nullptr) size_.fetch_sub(1, std::memory_order_relaxed);
-    return n;
+    const std::size_t k = std::min(max, std::max<std::size_t>(1, count_ / ways));
+    for (std::size_t i = 0; i < k; ++i) {
+      out[i] = ring_[head_];
+      head_ = (head_ + 1) & (ring_.size() - 1);
+    }
+    count_ -= k;
+    size_.fetch_sub(k, std::memory_order_relaxed);
+    return k;
   }
 
   /// Takes `n` back if it is the newest priority-0 entry (its ref passes to
@@ -95,6 +127,21 @@ class ReadyQueue {
   // Higher priority first, then older first.
   static bool later(const Entry& a, const Entry& b) {
     return a.priority != b.priority ? a.priority < b.priority : a.seq > b.seq;
+  }
+  NodeT* pop_locked() {
+    NodeT* n = nullptr;
+    if (!heap_.empty() && (heap_.front().priority > 0 || count_ == 0)) {
+      std::pop_heap(heap_.begin(), heap_.end(), later);
+      n = heap_.back().node;
+      heap_.pop_back();
+      heap_size_.store(heap_.size(), std::memory_order_relaxed);
+    } else if (count_ != 0) {
+      n = ring_[head_];
+      head_ = (head_ + 1) & (ring_.size() - 1);
+      --count_;
+    }
+    if (n != nullptr) size_.fetch_sub(1, std::memory_order_relaxed);
+    return n;
   }
   void grow() {
     std::vector<NodeT*> bigger(std::max<std::size_t>(64, ring_.size() * 2));

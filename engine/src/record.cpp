@@ -162,7 +162,14 @@ void EngineImpl::request(Node* n) {
     (n->unreq_next != nullptr ? n->unreq_next->unreq_prev : unreq_tail_) = n->unreq_prev;
     --unreq_count_;
   }
-  if (n->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) make_ready(n);
+  if (n->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    if (!batching_) {
+      make_ready(n);
+      return;
+    }
+    ready_batch_[ready_batch_size_++] = n;
+    if (ready_batch_size_ == ready_batch_.size()) make_ready_batch();
+  }
 }
 
 void EngineImpl::push_async(AsyncFunction fn, std::span<const Var> reads, std::span<const Var> writes,
@@ -295,8 +302,14 @@ void EngineImpl::push(Function fn, std::span<const Var> reads, std::span<const V
     // The pending window: start the oldest recorded work when the frontend
     // records far ahead, then stall a frontend that outruns the workers
     // (by nodes, and under eager by the bytes they touch).
-    if (options_.max_pending != 0) {
-      while (unreq_count_ > options_.max_pending) request(unreq_head_);
+    if (options_.max_pending != 0 && unreq_count_ > options_.max_pending) {
+      // In batches, down to 7/8 of the window (64 nodes at most at once):
+      // one queue lock and one wake-up per batch, not per push.
+      const std::size_t target = options_.max_pending - std::min<std::size_t>(options_.max_pending / 8, 63);
+      batching_ = true;
+      while (unreq_count_ > target) request(unreq_head_);
+      make_ready_batch();
+      batching_ = false;
     }
     throttle = !in_op && recorder_over_window(2);
   }

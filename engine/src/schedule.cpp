@@ -48,6 +48,10 @@ void futex_wake_all(std::atomic<std::uint32_t>& word) noexcept {
 namespace {
 // How long an idle worker looks for work before its task returns.
 constexpr std::chrono::microseconds kRunnerSpin{50};
+// Queue entries a worker takes at once, at most (ReadyQueue::pop_batch):
+// draining 100,000 independent tiny nodes, a lock per node was a third of
+// the waitall's samples.
+constexpr std::size_t kRunnerBatch = 8;
 // How long a worker leaves a lone ready node to the frontend that has just
 // recorded it (eager): a frontend that waits right after recording runs it
 // itself, with no hand-over between cores; one that records on lets the
@@ -69,26 +73,61 @@ void EngineImpl::make_ready(Node* n) {
   NodePool::retain(n);
   if (profiler::detail::on()) n->t_ready = profiler::detail::now_ns();
   n->state.store(NodeState::kReady, std::memory_order_seq_cst);
-  if (const std::uint32_t tag = n->tag.load(std::memory_order_seq_cst); tag != 0) {
-    Waiter& w = waiters_[tag - 1];
-    bool handed = false;
-    {
-      std::lock_guard g(w.lock);
-      if (w.in_use && w.mode == WaitMode::kNode) {
-        NodePool::retain(n);
-        w.help.push_back(n);
-        handed = true;
-      }
-    }
-    // seq_cst: pairs with the waiter storing idle before it looks at its list.
-    if (handed && w.idle.load(std::memory_order_seq_cst)) {
-      wake_waiters();
-      pool_.release(n);
-      return;
-    }
-  }
+  if (hand_to_waiter(n)) return;
   queue_.push(n, n->priority, n->seq);
   notify_idle();
+}
+
+// After kReady is stored: a node tagged by a node wait goes into that
+// waiter's help list; when the waiter is idle it is only there (true: the
+// caller's queue ref was given up), else it is queued too.
+bool EngineImpl::hand_to_waiter(Node* n) {
+  const std::uint32_t tag = n->tag.load(std::memory_order_seq_cst);
+  if (tag == 0) return false;
+  Waiter& w = waiters_[tag - 1];
+  bool handed = false;
+  {
+    std::lock_guard g(w.lock);
+    if (w.in_use && w.mode == WaitMode::kNode) {
+      NodePool::retain(n);
+      w.help.push_back(n);
+      handed = true;
+    }
+  }
+  // seq_cst: pairs with the waiter storing idle before it looks at its list.
+  if (handed && w.idle.load(std::memory_order_seq_cst)) {
+    wake_waiters();
+    pool_.release(n);
+    return true;
+  }
+  return false;
+}
+
+// make_ready of the collected nodes: those a waiter tagged go to it, the
+// rest to the queue under one lock, and as many workers are started as
+// there are nodes (up to the configured number).
+void EngineImpl::make_ready_batch() {
+  make_ready_many(ready_batch_.data(), ready_batch_size_);
+  ready_batch_size_ = 0;
+}
+
+// make_ready of k nodes (k <= kReadyBatch): those an idle node wait tagged
+// go to it alone, the rest to the queue under one lock, and as many
+// workers are started as there are nodes (up to the configured number).
+void EngineImpl::make_ready_many(Node* const* nodes, std::size_t k) {
+  std::array<Node*, kReadyBatch> queued;
+  std::size_t q = 0;
+  for (std::size_t i = 0; i < k; ++i) {
+    Node* n = nodes[i];
+    NodePool::retain(n);  // the queue's ref, as in make_ready
+    if (profiler::detail::on()) n->t_ready = profiler::detail::now_ns();
+    n->state.store(NodeState::kReady, std::memory_order_seq_cst);
+    if (!hand_to_waiter(n)) queued[q++] = n;
+  }
+  queue_.push_batch(queued.data(), q);
+  for (std::size_t i = 0; i < std::min<std::size_t>(q, static_cast<std::size_t>(num_threads_) + 1); ++i) {
+    notify_idle();
+  }
 }
 
 // Eager: a small CPU node that became ready on the thread recording it runs
@@ -222,17 +261,25 @@ void EngineImpl::async_done(Node* n, std::exception_ptr error) noexcept {
 // `s` has just become ready on this thread: keep it as the bypass node when
 // allowed and none is kept yet, else hand it off.
 Node* EngineImpl::ready_successor(Node* s, Node* kept, Bypass bypass) {
-  if (bypass.on && kept == nullptr && !queue_.has_priorities() &&
-      (bypass.only_tag == 0 || s->tag.load(std::memory_order_seq_cst) == bypass.only_tag)) {
-    NodePool::retain(s);  // before kReady is visible: see make_ready
-    if (profiler::detail::on()) s->t_ready = profiler::detail::now_ns();
-    s->state.store(NodeState::kReady, std::memory_order_seq_cst);
-    if (claim(s)) return s;
-    pool_.release(s);  // held by its device's run-ahead bound
-    return kept;
-  }
+  if (kept == nullptr && can_bypass(s, bypass)) return take_for_bypass(s);
   make_ready(s);
   return kept;
+}
+
+bool EngineImpl::can_bypass(Node* s, Bypass bypass) const {
+  return bypass.on && !queue_.has_priorities() &&
+         (bypass.only_tag == 0 || s->tag.load(std::memory_order_seq_cst) == bypass.only_tag);
+}
+
+// `s` (just made ready here) claimed to run next on this thread, or null
+// when its device's run-ahead bound holds it.
+Node* EngineImpl::take_for_bypass(Node* s) {
+  NodePool::retain(s);  // before kReady is visible: see make_ready
+  if (profiler::detail::on()) s->t_ready = profiler::detail::now_ns();
+  s->state.store(NodeState::kReady, std::memory_order_seq_cst);
+  if (claim(s)) return s;
+  pool_.release(s);  // held by its device's run-ahead bound
+  return nullptr;
 }
 
 void EngineImpl::execute(Node* n, const RunContext& ctx) {
@@ -419,12 +466,25 @@ Node* EngineImpl::complete(Node* n, Bypass bypass) {
     // store and the load of `waiters` below form the other half.
     n->state.store(NodeState::kDone, std::memory_order_seq_cst);
     n->live = false;
+    // The first successor made ready may be kept for bypass; the others
+    // are queued in batches (one queue lock and wake-up per batch).
+    std::array<Node*, kReadyBatch> ready;
+    std::size_t k = 0;
     for (Node* s : n->succs) {
       // Launch edges were satisfied when n was launched.
       if (!launch_edge(n, s) && s->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        next = ready_successor(s, next, bypass);
+        if (next == nullptr && can_bypass(s, bypass)) {
+          next = take_for_bypass(s);
+          continue;
+        }
+        ready[k++] = s;
+        if (k == ready.size()) {
+          make_ready_many(ready.data(), k);
+          k = 0;
+        }
       }
     }
+    make_ready_many(ready.data(), k);
     n->succs.clear();
     for (Node* p : n->preds) pool_.release(p);
     n->preds.clear();
@@ -461,15 +521,39 @@ void EngineImpl::runner() {
     }
   }
   const bool grace = options_.policy == Policy::kEager;
+  // Queue entries taken at once (one ref each), run oldest first; a
+  // prioritised node queued meanwhile goes before the rest of the batch.
+  // Nodes in a batch are still kReady: a wait that needs one claims it
+  // from its help list as it would from the queue.
+  Node* batch[kRunnerBatch];
+  std::size_t next = 0;
+  std::size_t count = 0;
+  const auto ways = static_cast<std::size_t>(num_threads_) + 1;  // the workers and a helping frontend
+  auto take = [&]() -> Node* {
+    for (;;) {
+      Node* n = nullptr;
+      if (next < count) {
+        if (queue_.has_priorities()) n = queue_.pop();
+        if (n == nullptr) n = batch[next++];
+      } else {
+        count = queue_.pop_batch(batch, kRunnerBatch, ways);
+        next = 0;
+        if (count == 0) return nullptr;
+        n = batch[next++];
+      }
+      if (claim(n)) return n;  // the entry's ref passes to the caller
+      pool_.release(n);        // claimed elsewhere already, or held by its device
+    }
+  };
   for (;;) {
-    if (grace && queue_.size() == 1) {
+    if (grace && next == count && queue_.size() == 1) {
       const auto until = std::chrono::steady_clock::now() + kGrace;
       for (unsigned i = 0; queue_.size() == 1; ++i) {
         if (i % 8 == 7 && std::chrono::steady_clock::now() >= until) break;
         cpu_relax();
       }
     }
-    if (Node* n = pop_queue(); n != nullptr) {
+    if (Node* n = take(); n != nullptr) {
       run_chain(n, worker, Bypass{true, 0});
       continue;
     }

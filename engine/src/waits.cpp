@@ -513,7 +513,11 @@ void EngineImpl::wait_all_recorded(bool watchdog) {
     // nodes it is about to run (both threads on every node's lines). The
     // invariant "requested => ancestors requested" holds again once the
     // loop ends, before the recorder lock is released.
+    // The ready ones are queued 64 at a time under one queue lock.
+    batching_ = true;
     while (unreq_tail_ != nullptr) request(unreq_tail_);
+    make_ready_batch();
+    batching_ = false;
   }
   const bool finished = help_until(
       tag, [&] { return unfinished_in(slot) == 0; }, watchdog);

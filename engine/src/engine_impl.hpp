@@ -117,6 +117,7 @@ class EngineImpl {
   void make_ready(Node* n);
   void make_ready_batch();  // recorder lock: ready_batch_'s nodes, as make_ready each
   bool hand_to_waiter(Node* n);
+  void not_pushed_last() noexcept;
   static constexpr std::size_t kReadyBatch = 64;
   void make_ready_many(Node* const* nodes, std::size_t k);
   void run_inline(Node* n);
@@ -254,6 +255,10 @@ class EngineImpl {
   // Scheduling.
   ReadyQueue<Node> queue_;  // one ref per entry
   std::atomic<int> active_runners_{0};  // runners looking for work or running it
+  // Whether the newest node queued was made ready by a push (its frontend
+  // may run it itself in a wait next: the workers' grace period) rather
+  // than by a completion. A hint: races only shorten or skip a grace.
+  std::atomic<bool> pushed_last_{false};
   std::atomic<int> live_tasks_{0};      // runner tasks not yet returned (the destructor waits)
   std::unique_ptr<tbb::task_arena> arena_;
 

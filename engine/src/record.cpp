@@ -325,6 +325,7 @@ void EngineImpl::push(Function fn, std::span<const Var> reads, std::span<const V
       run_inline(n);
     } else {
       make_ready(n);
+      if (!in_op) pushed_last_.store(true, std::memory_order_relaxed);
     }
   }
   if (run_now) {

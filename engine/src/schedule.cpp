@@ -75,7 +75,13 @@ void EngineImpl::make_ready(Node* n) {
   n->state.store(NodeState::kReady, std::memory_order_seq_cst);
   if (hand_to_waiter(n)) return;
   queue_.push(n, n->priority, n->seq);
+  not_pushed_last();
   notify_idle();
+}
+
+void EngineImpl::not_pushed_last() noexcept {
+  // Loaded first: a store per queued node would move the line between cores.
+  if (pushed_last_.load(std::memory_order_relaxed)) pushed_last_.store(false, std::memory_order_relaxed);
 }
 
 // After kReady is stored: a node tagged by a node wait goes into that
@@ -125,6 +131,7 @@ void EngineImpl::make_ready_many(Node* const* nodes, std::size_t k) {
     if (!hand_to_waiter(n)) queued[q++] = n;
   }
   queue_.push_batch(queued.data(), q);
+  if (q != 0) not_pushed_last();
   for (std::size_t i = 0; i < std::min<std::size_t>(q, static_cast<std::size_t>(num_threads_) + 1); ++i) {
     notify_idle();
   }
@@ -546,7 +553,10 @@ void EngineImpl::runner() {
     }
   };
   for (;;) {
-    if (grace && next == count && queue_.size() == 1) {
+    // Only for a node a push has just queued: a node a completion made
+    // ready has no frontend about to take it, and waiting for one held up
+    // every second node of a worker's pipeline by the whole grace.
+    if (grace && next == count && queue_.size() == 1 && pushed_last_.load(std::memory_order_relaxed)) {
       const auto until = std::chrono::steady_clock::now() + kGrace;
       for (unsigned i = 0; queue_.size() == 1; ++i) {
         if (i % 8 == 7 && std::chrono::steady_clock::now() >= until) break;

@@ -5,42 +5,12 @@
 
 #include <lazydag/engine/engine.hpp>
 
-#include <cstdlib>
-#include <new>
-
+#include "../counting_new.hpp"
 #include "support.hpp"
-
-// The replacement pair below is malloc/free underneath, which GCC's
-// -Wmismatched-new-delete cannot see through once it inlines them.
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-
-namespace {
-thread_local bool g_counting = false;
-thread_local long g_allocations = 0;
-}  // namespace
-
-void* operator new(std::size_t n) {
-  if (g_counting) ++g_allocations;
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 using namespace lazydag;
 using namespace lazydag::engine;
-
-namespace {
-// Allocations made by this thread while fn runs.
-template <class Fn>
-long allocations_in(Fn fn) {
-  g_allocations = 0;
-  g_counting = true;
-  fn();
-  g_counting = false;
-  return g_allocations;
-}
-}  // namespace
+using lazydag::test::allocations_in;
 
 TEST_SUITE("engine") {
   TEST_CASE("Recording.PushAllocatesNothingInTheSteadyState" * doctest::timeout(120)) {

@@ -2,31 +2,15 @@
 // unfused give the same bits; gathered ops are recorded before any other
 // access to their buffers (in-place writes, views, other threads, exits);
 // results nobody holds are never allocated; errors keep their origin.
+#include "../counting_new.hpp"
 #include "reference.hpp"
 
 #include <lazydag/ops/kernels.hpp>
 
-#include <cstdlib>
 #include <cstring>
-#include <new>
 #include <future>
 #include <random>
 #include <thread>
-
-// Allocations through the global operator new made by this thread while
-// `g_counting` is set (malloc underneath).
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-namespace {
-thread_local bool g_counting = false;
-thread_local long g_allocations = 0;
-}  // namespace
-void* operator new(std::size_t n) {
-  if (g_counting) ++g_allocations;
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 using namespace lazydag;
 using namespace lazydag::test;
@@ -198,13 +182,12 @@ TEST_CASE("a fused expression allocates nothing once warm") {
     y.wait_to_read();
   };
   for (int i = 0; i < 200; ++i) expr();  // warm: pools, caches
-  g_allocations = 0;
-  g_counting = true;
-  for (int i = 0; i < 200; ++i) expr();
-  g_counting = false;
+  const long allocations = allocations_in([&] {
+    for (int i = 0; i < 200; ++i) expr();
+  });
   // Recording, running (here or on a worker) and freeing: no allocation
   // on this thread (the result's buffer comes from the host pool).
-  CHECK(g_allocations == 0);
+  CHECK(allocations == 0);
 }
 
 TEST_CASE("gathered ops come before a later in-place write, view or copy of their buffers") {

@@ -1,0 +1,22 @@
+// The replacement operator new and delete of tests/counting_new.hpp.
+#include "counting_new.hpp"
+
+#include <cstdlib>
+#include <new>
+
+// The replacement pair below is malloc/free underneath, which GCC's
+// -Wmismatched-new-delete cannot see through once it inlines them.
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+
+namespace lazydag::test::counting_new {
+thread_local bool counting = false;
+thread_local long allocations = 0;
+}  // namespace lazydag::test::counting_new
+
+void* operator new(std::size_t n) {
+  if (lazydag::test::counting_new::counting) ++lazydag::test::counting_new::allocations;
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }

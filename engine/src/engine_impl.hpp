@@ -116,6 +116,26 @@ class EngineImpl {
   // ---- schedule.cpp: no lock held
   void make_ready(Node* n);
   void make_ready_batch();  // recorder lock: ready_batch_'s nodes, as make_ready each
+  // Recorder lock: requests in its scope collect the nodes they make ready
+  // and queue them in batches; the last batch when the scope ends, also on
+  // a throw (batching_ is never left set).
+  class BatchedRequests {
+   public:
+    explicit BatchedRequests(EngineImpl& e) : e_(e) { e_.batching_ = true; }
+    ~BatchedRequests() {
+      e_.batching_ = false;
+      try {
+        e_.make_ready_batch();
+      } catch (...) {  // out of memory queueing them: they stay ready for the waits that need them
+        e_.ready_batch_size_ = 0;
+      }
+    }
+    BatchedRequests(const BatchedRequests&) = delete;
+    BatchedRequests& operator=(const BatchedRequests&) = delete;
+
+   private:
+    EngineImpl& e_;
+  };
   bool hand_to_waiter(Node* n);
   void not_pushed_last() noexcept;
   static constexpr std::size_t kReadyBatch = 64;

@@ -53,11 +53,14 @@ class NodeName {
       }
       d = heap_.get();
     }
-    std::memcpy(d, s.data(), s.size());
+    if (!s.empty()) std::memcpy(d, s.data(), s.size());
     d[s.size()] = '\0';
     size_ = s.size();
   }
-  void clear() noexcept { assign(std::string_view()); }
+  void clear() noexcept {
+    inline_[0] = '\0';
+    size_ = 0;
+  }
   [[nodiscard]] const char* c_str() const noexcept { return size_ > kInline ? heap_.get() : inline_; }
   [[nodiscard]] std::string_view view() const noexcept { return {c_str(), size_}; }
   [[nodiscard]] std::string str() const { return std::string(view()); }

@@ -30,7 +30,7 @@ class ReadyQueue {
     } else {
       heap_.push_back(Entry{priority, seq, n});
       std::push_heap(heap_.begin(), heap_.end(), later);
-      heap_size_.store(heap_.size(), std::memory_order_relaxed);
+      note_heap();
     }
     // seq_cst: pairs with the idle threads' check of size() after they
     // announce themselves parked (see EngineImpl::notify_idle).
@@ -42,10 +42,13 @@ class ReadyQueue {
     if (k == 0) return;
     {
       std::lock_guard lk(mu_);
+      // Room first: the insertions below cannot throw, so an allocation
+      // failure leaves the queue as it was.
+      while (count_ + k > ring_.size()) grow();
+      heap_.reserve(heap_.size() + k);
       for (std::size_t i = 0; i < k; ++i) {
         NodeT* n = nodes[i];
         if (n->priority == 0) {
-          if (count_ == ring_.size()) grow();
           ring_[(head_ + count_) & (ring_.size() - 1)] = n;
           ++count_;
         } else {
@@ -53,7 +56,7 @@ class ReadyQueue {
           std::push_heap(heap_.begin(), heap_.end(), later);
         }
       }
-      heap_size_.store(heap_.size(), std::memory_order_relaxed);
+      note_heap();
       // seq_cst: as in push().
       size_.fetch_add(k, std::memory_order_seq_cst);
     }
@@ -82,7 +85,7 @@ class ReadyQueue {
   std::size_t pop_batch(NodeT** out, std::size_t max, std::size_t ways) {
     if (size_.load(std::memory_order_relaxed) == 0) return 0;
     std::lock_guard lk(mu_);
-    if (!heap_.empty() || count_ == 0) {
+    if ((!heap_.empty() && heap_.front().priority > 0) || count_ == 0) {
       out[0] = pop_locked();
       return out[0] != nullptr ? 1 : 0;
     }
@@ -115,6 +118,9 @@ class ReadyQueue {
   [[nodiscard]] bool has_priorities() const noexcept {
     return heap_size_.load(std::memory_order_relaxed) != 0;
   }
+  /// Nodes of positive priority waiting: they go before the rest of a
+  /// worker's batch (pop() returns the highest first).
+  [[nodiscard]] bool has_urgent() const noexcept { return top_priority_.load(std::memory_order_relaxed) > 0; }
 
  private:
   // Heap entries keep their sort key inline: sifts compare contiguous
@@ -134,7 +140,7 @@ class ReadyQueue {
       std::pop_heap(heap_.begin(), heap_.end(), later);
       n = heap_.back().node;
       heap_.pop_back();
-      heap_size_.store(heap_.size(), std::memory_order_relaxed);
+      note_heap();
     } else if (count_ != 0) {
       n = ring_[head_];
       head_ = (head_ + 1) & (ring_.size() - 1);
@@ -142,6 +148,11 @@ class ReadyQueue {
     }
     if (n != nullptr) size_.fetch_sub(1, std::memory_order_relaxed);
     return n;
+  }
+  // Lock held: the heap's size and top priority, for readers without it.
+  void note_heap() noexcept {
+    heap_size_.store(heap_.size(), std::memory_order_relaxed);
+    top_priority_.store(heap_.empty() ? 0 : heap_.front().priority, std::memory_order_relaxed);
   }
   void grow() {
     std::vector<NodeT*> bigger(std::max<std::size_t>(64, ring_.size() * 2));
@@ -157,6 +168,7 @@ class ReadyQueue {
   std::vector<Entry> heap_;
   std::atomic<std::size_t> size_{0};
   std::atomic<std::size_t> heap_size_{0};
+  std::atomic<int> top_priority_{0};
 };
 
 }  // namespace lazydag::engine::detail

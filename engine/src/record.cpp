@@ -306,10 +306,8 @@ void EngineImpl::push(Function fn, std::span<const Var> reads, std::span<const V
       // In batches, down to 7/8 of the window (64 nodes at most at once):
       // one queue lock and one wake-up per batch, not per push.
       const std::size_t target = options_.max_pending - std::min<std::size_t>(options_.max_pending / 8, 63);
-      batching_ = true;
+      BatchedRequests batch(*this);
       while (unreq_count_ > target) request(unreq_head_);
-      make_ready_batch();
-      batching_ = false;
     }
     throttle = !in_op && recorder_over_window(2);
   }

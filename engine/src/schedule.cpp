@@ -121,7 +121,8 @@ void EngineImpl::make_ready_batch() {
 // go to it alone, the rest to the queue under one lock, and as many
 // workers are started as there are nodes (up to the configured number).
 void EngineImpl::make_ready_many(Node* const* nodes, std::size_t k) {
-  std::array<Node*, kReadyBatch> queued;
+  if (k == 0) return;
+  std::array<Node*, kReadyBatch> queued{};
   std::size_t q = 0;
   for (std::size_t i = 0; i < k; ++i) {
     Node* n = nodes[i];
@@ -132,8 +133,10 @@ void EngineImpl::make_ready_many(Node* const* nodes, std::size_t k) {
   }
   queue_.push_batch(queued.data(), q);
   if (q != 0) not_pushed_last();
-  for (std::size_t i = 0; i < std::min<std::size_t>(q, static_cast<std::size_t>(num_threads_) + 1); ++i) {
+  // A worker started per node, while any is left to start.
+  for (std::size_t i = 0; i < q; ++i) {
     notify_idle();
+    if (active_runners_.load(std::memory_order_relaxed) >= num_threads_) break;
   }
 }
 
@@ -540,7 +543,7 @@ void EngineImpl::runner() {
     for (;;) {
       Node* n = nullptr;
       if (next < count) {
-        if (queue_.has_priorities()) n = queue_.pop();
+        if (queue_.has_urgent()) n = queue_.pop();
         if (n == nullptr) n = batch[next++];
       } else {
         count = queue_.pop_batch(batch, kRunnerBatch, ways);
@@ -564,7 +567,21 @@ void EngineImpl::runner() {
       }
     }
     if (Node* n = take(); n != nullptr) {
-      run_chain(n, worker, Bypass{true, 0});
+      // run_chain, except that a chain of bypassed successors, which may
+      // be long, gives the rest of the batch back to the queue first, where
+      // the other workers and the waits can take it.
+      while (n != nullptr) {
+        run_node(n, worker);
+        n = finish_node(n, Bypass{true, 0});
+        if (n != nullptr && next < count) {
+          try {
+            queue_.push_batch(batch + next, count - next);
+            next = count;
+          } catch (...) {  // out of memory growing the queue: this worker runs them later
+          }
+          if (next == count) notify_idle();
+        }
+      }
       continue;
     }
     // Idle: look for work a little longer (a new node is likely soon and

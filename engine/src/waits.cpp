@@ -517,10 +517,8 @@ void EngineImpl::wait_all_recorded(bool watchdog) {
     // invariant "requested => ancestors requested" holds again once the
     // loop ends, before the recorder lock is released.
     // The ready ones are queued 64 at a time under one queue lock.
-    batching_ = true;
+    BatchedRequests batch(*this);
     while (unreq_tail_ != nullptr) request(unreq_tail_);
-    make_ready_batch();
-    batching_ = false;
   }
   const bool finished = help_until(
       tag, [&] { return unfinished_in(slot) == 0; }, watchdog);

@@ -202,9 +202,11 @@ void flush_locked(Group& g) {
   std::array<std::uint64_t, kMaxSteps> write_sources{};
   std::size_t num_writes = 0;
   std::size_t bytes = 0;
+  std::uint64_t kept = 0;  // bit i: step i's result is written
   for (std::size_t i = 0; i < g.outs.size(); ++i) {
     // The group's reference and at least one more: a handle holds it.
     if (g.outs[i].use_count() > 1) {
+      kept |= std::uint64_t{1} << i;
       Storage& s = *g.outs[i]->storage;
       // Host memory now (bad_alloc leaves the group open); a stream device's
       // buffer is allocated by the node, on its stream.
@@ -218,8 +220,8 @@ void flush_locked(Group& g) {
   if (num_writes != 0) {
     ProgramHandle p;
     p->kept.resize(num_steps);
-    for (std::size_t i = 0; i < num_steps; ++i) {
-      if (g.outs[i].use_count() > 1) p->kept[i] = g.outs[i];
+    for (std::size_t i = 0; i < g.outs.size(); ++i) {
+      if ((kept >> i & 1) != 0) p->kept[i] = g.outs[i];
     }
     p->steps.assign(g.steps.begin(), g.steps.end());
     p->ext.assign(g.ext.begin(), g.ext.end());

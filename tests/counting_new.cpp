@@ -8,13 +8,25 @@
 // -Wmismatched-new-delete cannot see through once it inlines them.
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 
+namespace {
+// This file's alone: other files reach them through start() and stop().
+thread_local bool t_counting = false;
+thread_local long t_allocations = 0;
+}  // namespace
+
 namespace lazydag::test::counting_new {
-thread_local bool counting = false;
-thread_local long allocations = 0;
+void start() {
+  t_allocations = 0;
+  t_counting = true;
+}
+long stop() {
+  t_counting = false;
+  return t_allocations;
+}
 }  // namespace lazydag::test::counting_new
 
 void* operator new(std::size_t n) {
-  if (lazydag::test::counting_new::counting) ++lazydag::test::counting_new::allocations;
+  if (t_counting) ++t_allocations;
   if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
   throw std::bad_alloc();
 }

@@ -6,18 +6,16 @@
 namespace lazydag::test {
 
 namespace counting_new {
-extern thread_local bool counting;
-extern thread_local long allocations;
+void start();  // this thread's count from 0
+long stop();   // this thread's count since start()
 }  // namespace counting_new
 
 /// Allocations made by this thread while fn runs.
 template <class Fn>
 long allocations_in(Fn fn) {
-  counting_new::allocations = 0;
-  counting_new::counting = true;
+  counting_new::start();
   fn();
-  counting_new::counting = false;
-  return counting_new::allocations;
+  return counting_new::stop();
 }
 
 }  // namespace lazydag::test

@@ -136,6 +136,8 @@ class EngineImpl {
    private:
     EngineImpl& e_;
   };
+  void publish_ready(Node* n);
+  Node* claim_now(Node* n);
   bool hand_to_waiter(Node* n);
   void not_pushed_last() noexcept;
   static constexpr std::size_t kReadyBatch = 64;
@@ -150,7 +152,6 @@ class EngineImpl {
   Node* complete(Node* n, Bypass bypass);
   Node* ready_successor(Node* s, Node* kept, Bypass bypass);
   [[nodiscard]] bool can_bypass(Node* s, Bypass bypass) const;
-  Node* take_for_bypass(Node* s);
   void execute(Node* n, const RunContext& ctx);
   void trace(const Node* n) const;
   void notify_idle();

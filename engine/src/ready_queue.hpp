@@ -37,7 +37,7 @@ class ReadyQueue {
     size_.fetch_add(1, std::memory_order_seq_cst);
   }
 
-  /// push() of k nodes under one lock (nodes[i] with priorities[i] and seqs[i]).
+  /// push() of k nodes (each by its own priority and seq) under one lock.
   void push_batch(NodeT* const* nodes, std::size_t k) {
     if (k == 0) return;
     {
@@ -80,8 +80,9 @@ class ReadyQueue {
   /// Takes up to `max` of the oldest entries at once (their refs pass to the
   /// caller), at most a `ways`-th of those waiting (at least one): a worker
   /// draining a long queue of small nodes takes the lock once per batch,
-  /// and leaves the rest to the others. Only one while prioritised entries
-  /// wait (pop's order). Returns how many.
+  /// and leaves the rest to the others. Only one, as pop() chooses it, while
+  /// an entry of positive priority waits or the ring is empty. Returns how
+  /// many.
   std::size_t pop_batch(NodeT** out, std::size_t max, std::size_t ways) {
     if (size_.load(std::memory_order_relaxed) == 0) return 0;
     std::lock_guard lk(mu_);

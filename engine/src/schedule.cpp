@@ -67,16 +67,30 @@ void EngineImpl::make_ready(Node* n) {
   // seq_cst store, then seq_cst load of the tag: against a wait's tag CAS
   // then its load of the state (request_subgraph), one of the two sees the
   // other, so a node of a wait's subgraph always reaches that wait.
-  // The queue's ref first: once kReady is visible (a wait's traversal may
-  // put the node in its help list) or it is in a help list, the node may
-  // run, complete and lose every other ref before this thread reads it again.
-  NodePool::retain(n);
-  if (profiler::detail::on()) n->t_ready = profiler::detail::now_ns();
-  n->state.store(NodeState::kReady, std::memory_order_seq_cst);
+  publish_ready(n);
   if (hand_to_waiter(n)) return;
   queue_.push(n, n->priority, n->seq);
   not_pushed_last();
   notify_idle();
+}
+
+// The ref of whoever takes the node (the queue entry, or the thread about
+// to run it), then kReady: once that is visible (a wait's traversal may put
+// the node in its help list) the node may run, complete and lose every
+// other ref before this thread reads it again.
+void EngineImpl::publish_ready(Node* n) {
+  NodePool::retain(n);
+  if (profiler::detail::on()) n->t_ready = profiler::detail::now_ns();
+  n->state.store(NodeState::kReady, std::memory_order_seq_cst);
+}
+
+// `n`, just made ready by this thread, claimed to run here; null when a
+// wait's traversal took it first or its device's run-ahead bound holds it.
+Node* EngineImpl::claim_now(Node* n) {
+  publish_ready(n);
+  if (claim(n)) return n;
+  pool_.release(n);
+  return nullptr;
 }
 
 void EngineImpl::not_pushed_last() noexcept {
@@ -109,9 +123,6 @@ bool EngineImpl::hand_to_waiter(Node* n) {
   return false;
 }
 
-// make_ready of the collected nodes: those a waiter tagged go to it, the
-// rest to the queue under one lock, and as many workers are started as
-// there are nodes (up to the configured number).
 void EngineImpl::make_ready_batch() {
   make_ready_many(ready_batch_.data(), ready_batch_size_);
   ready_batch_size_ = 0;
@@ -126,9 +137,7 @@ void EngineImpl::make_ready_many(Node* const* nodes, std::size_t k) {
   std::size_t q = 0;
   for (std::size_t i = 0; i < k; ++i) {
     Node* n = nodes[i];
-    NodePool::retain(n);  // the queue's ref, as in make_ready
-    if (profiler::detail::on()) n->t_ready = profiler::detail::now_ns();
-    n->state.store(NodeState::kReady, std::memory_order_seq_cst);
+    publish_ready(n);
     if (!hand_to_waiter(n)) queued[q++] = n;
   }
   queue_.push_batch(queued.data(), q);
@@ -147,14 +156,7 @@ void EngineImpl::make_ready_many(Node* const* nodes, std::size_t k) {
 // whose work is a few hundred nanoseconds is cheaper here. A wait that
 // tagged it meanwhile sees it complete as if a worker had run it.
 void EngineImpl::run_inline(Node* n) {
-  NodePool::retain(n);  // the runner's ref, as make_ready's queue entry
-  if (profiler::detail::on()) n->t_ready = profiler::detail::now_ns();
-  n->state.store(NodeState::kReady, std::memory_order_seq_cst);
-  if (!claim(n)) {  // a wait's traversal took it first
-    pool_.release(n);
-    return;
-  }
-  run_chain(n, -1, Bypass{});
+  if (Node* m = claim_now(n); m != nullptr) run_chain(m, -1, Bypass{});
 }
 
 // After a queue push: one more worker if fewer than configured are active;
@@ -271,7 +273,7 @@ void EngineImpl::async_done(Node* n, std::exception_ptr error) noexcept {
 // `s` has just become ready on this thread: keep it as the bypass node when
 // allowed and none is kept yet, else hand it off.
 Node* EngineImpl::ready_successor(Node* s, Node* kept, Bypass bypass) {
-  if (kept == nullptr && can_bypass(s, bypass)) return take_for_bypass(s);
+  if (kept == nullptr && can_bypass(s, bypass)) return claim_now(s);
   make_ready(s);
   return kept;
 }
@@ -279,17 +281,6 @@ Node* EngineImpl::ready_successor(Node* s, Node* kept, Bypass bypass) {
 bool EngineImpl::can_bypass(Node* s, Bypass bypass) const {
   return bypass.on && !queue_.has_priorities() &&
          (bypass.only_tag == 0 || s->tag.load(std::memory_order_seq_cst) == bypass.only_tag);
-}
-
-// `s` (just made ready here) claimed to run next on this thread, or null
-// when its device's run-ahead bound holds it.
-Node* EngineImpl::take_for_bypass(Node* s) {
-  NodePool::retain(s);  // before kReady is visible: see make_ready
-  if (profiler::detail::on()) s->t_ready = profiler::detail::now_ns();
-  s->state.store(NodeState::kReady, std::memory_order_seq_cst);
-  if (claim(s)) return s;
-  pool_.release(s);  // held by its device's run-ahead bound
-  return nullptr;
 }
 
 void EngineImpl::execute(Node* n, const RunContext& ctx) {
@@ -484,7 +475,7 @@ Node* EngineImpl::complete(Node* n, Bypass bypass) {
       // Launch edges were satisfied when n was launched.
       if (!launch_edge(n, s) && s->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {
         if (next == nullptr && can_bypass(s, bypass)) {
-          next = take_for_bypass(s);
+          next = claim_now(s);
           continue;
         }
         ready[k++] = s;

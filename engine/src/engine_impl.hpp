@@ -115,7 +115,16 @@ class EngineImpl {
 
   // ---- schedule.cpp: no lock held
   void make_ready(Node* n);
-  void make_ready_batch();  // recorder lock: ready_batch_'s nodes, as make_ready each
+  // Nodes made ready together, queued under one queue lock per
+  // kReadyBatch (make_ready_many): add() queues a full batch, flush() the
+  // rest.
+  static constexpr std::size_t kReadyBatch = 64;
+  struct ReadyBatch {
+    std::array<Node*, kReadyBatch> nodes;  // the first `size` are set
+    std::size_t size = 0;
+  };
+  void add_ready(ReadyBatch& b, Node* n);
+  void flush_ready(ReadyBatch& b);
   // Recorder lock: requests in its scope collect the nodes they make ready
   // and queue them in batches; the last batch when the scope ends, also on
   // a throw (batching_ is never left set).
@@ -125,9 +134,9 @@ class EngineImpl {
     ~BatchedRequests() {
       e_.batching_ = false;
       try {
-        e_.make_ready_batch();
+        e_.flush_ready(e_.ready_batch_);
       } catch (...) {  // out of memory queueing them: they stay ready for the waits that need them
-        e_.ready_batch_size_ = 0;
+        e_.ready_batch_.size = 0;
       }
     }
     BatchedRequests(const BatchedRequests&) = delete;
@@ -140,7 +149,6 @@ class EngineImpl {
   Node* claim_now(Node* n);
   bool hand_to_waiter(Node* n);
   void not_pushed_last() noexcept;
-  static constexpr std::size_t kReadyBatch = 64;
   void make_ready_many(Node* const* nodes, std::size_t k);
   void run_inline(Node* n);
   bool claim(Node* n);
@@ -192,11 +200,10 @@ class EngineImpl {
   std::size_t unreq_count_ = 0;
   std::vector<Node*> scratch_;       // recorder lock: traversal stack
   // Recorder lock: while batching_, request() collects the nodes it makes
-  // ready here and make_ready_batch() queues them under one queue lock
-  // (a waitall's request of everything recorded).
+  // ready here, to be queued in batches (a waitall's request of everything
+  // recorded, the window's of its oldest nodes).
   bool batching_ = false;
-  std::array<Node*, kReadyBatch> ready_batch_{};
-  std::size_t ready_batch_size_ = 0;
+  ReadyBatch ready_batch_;
 
   // Unfinished nodes, counted by the parity of the waitall epoch they were
   // recorded in: recorded minus completed. A waitall flips the epoch

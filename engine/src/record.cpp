@@ -167,8 +167,7 @@ void EngineImpl::request(Node* n) {
       make_ready(n);
       return;
     }
-    ready_batch_[ready_batch_size_++] = n;
-    if (ready_batch_size_ == ready_batch_.size()) make_ready_batch();
+    add_ready(ready_batch_, n);
   }
 }
 

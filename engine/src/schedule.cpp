@@ -123,9 +123,14 @@ bool EngineImpl::hand_to_waiter(Node* n) {
   return false;
 }
 
-void EngineImpl::make_ready_batch() {
-  make_ready_many(ready_batch_.data(), ready_batch_size_);
-  ready_batch_size_ = 0;
+void EngineImpl::add_ready(ReadyBatch& b, Node* n) {
+  b.nodes[b.size++] = n;
+  if (b.size == b.nodes.size()) flush_ready(b);
+}
+
+void EngineImpl::flush_ready(ReadyBatch& b) {
+  make_ready_many(b.nodes.data(), b.size);
+  b.size = 0;
 }
 
 // make_ready of k nodes (k <= kReadyBatch): those an idle node wait tagged
@@ -469,23 +474,18 @@ Node* EngineImpl::complete(Node* n, Bypass bypass) {
     n->live = false;
     // The first successor made ready may be kept for bypass; the others
     // are queued in batches (one queue lock and wake-up per batch).
-    std::array<Node*, kReadyBatch> ready;
-    std::size_t k = 0;
+    ReadyBatch ready;
     for (Node* s : n->succs) {
       // Launch edges were satisfied when n was launched.
       if (!launch_edge(n, s) && s->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {
         if (next == nullptr && can_bypass(s, bypass)) {
           next = claim_now(s);
-          continue;
-        }
-        ready[k++] = s;
-        if (k == ready.size()) {
-          make_ready_many(ready.data(), k);
-          k = 0;
+        } else {
+          add_ready(ready, s);
         }
       }
     }
-    make_ready_many(ready.data(), k);
+    flush_ready(ready);
     n->succs.clear();
     for (Node* p : n->preds) pool_.release(p);
     n->preds.clear();

@@ -143,9 +143,7 @@ class ProgramHandle {
   ~ProgramHandle() {
     if (p_ == nullptr) return;
     p_->ext.clear();  // the arrays go now, wherever the program goes
-    p_->kept.clear();
-    p_->in.clear();
-    p_->out.clear();
+    p_->kept.clear();  // (in and out hold no references: each run sets them)
     if (!program_cache::t_gone) {
       auto& free = program_cache::cache().free;
       if (free.size() < program_cache::kMaxCached) {

@@ -10,6 +10,7 @@
 #include <oneapi/dnnl/dnnl.h>
 #endif
 
+#include "../counting_new.hpp"
 #include "bench_util.hpp"
 
 #include <algorithm>
@@ -21,7 +22,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <new>
 #include <string>
 #include <thread>
 #include <vector>
@@ -31,23 +31,6 @@ using namespace lazydag;
 using bench::median_seconds;
 
 namespace {
-
-// Allocations through the global operator new (the program's, the engine's
-// and oneTBB's alike) made by this thread while `counting` is set. Thread
-// local: worker threads allocating at the same time are not counted, and
-// the counter needs no synchronisation.
-thread_local bool counting = false;
-thread_local std::uint64_t allocations = 0;
-
-void* allocate(std::size_t n, std::size_t align) {
-  if (counting) ++allocations;
-  n = std::max<std::size_t>(n, 1);
-  // aligned_alloc wants a size that is a multiple of the alignment
-  void* p = align <= __STDCPP_DEFAULT_NEW_ALIGNMENT__ ? std::malloc(n)
-                                                      : std::aligned_alloc(align, (n + align - 1) / align * align);
-  if (p == nullptr) throw std::bad_alloc();
-  return p;
-}
 
 // Median milliseconds per expression of the NumPy peer script, or empty.
 std::map<std::string, double> numpy_peer(int argc, char** argv) {
@@ -69,14 +52,6 @@ std::map<std::string, double> numpy_peer(int argc, char** argv) {
 
 }  // namespace
 
-// The replaceable global allocation functions; the array and nothrow forms
-// of the standard library forward to these.
-void* operator new(std::size_t n) { return allocate(n, 0); }
-void* operator new(std::size_t n, std::align_val_t a) { return allocate(n, static_cast<std::size_t>(a)); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
 
 int main(int argc, char** argv) {
   const int threads = nd::engine().num_threads();
@@ -108,11 +83,12 @@ int main(int argc, char** argv) {
     std::printf("bench=ndarray workload=tiny_add ratio_async_vs_sync=%.2f\n", async / sync);
     // Allocations on the recording thread: recording the ops, and whatever
     // of them the waitall has this thread run (after the warm runs above).
-    allocations = 0;
-    counting = true;
-    for (int i = 0; i < ops; ++i) (void)(x + 1.0);
-    nd::waitall();
-    counting = false;
+    // (Counted by tests/counting_new.cpp: the program's, the engine's and
+    // oneTBB's allocations through the global operator new alike.)
+    const long allocations = test::allocations_in([&] {
+      for (int i = 0; i < ops; ++i) (void)(x + 1.0);
+      nd::waitall();
+    });
     std::printf("bench=ndarray workload=tiny_add allocs_per_op=%.2f\n",
                 static_cast<double>(allocations) / ops);
     // y = x + 1 with y dropped at once, waited for after each op or once,
@@ -160,14 +136,11 @@ int main(int argc, char** argv) {
     const double two_nodes = median_seconds(expr, kTinyRepeats);
     nd::set_fusion(true);
     const double one_node = median_seconds(expr, kTinyRepeats);
-    allocations = 0;
-    counting = true;
-    expr();
-    counting = false;
+    const long expr_allocations = test::allocations_in(expr);
     nd::set_fusion(false);
     std::printf("bench=ndarray workload=tiny_expr fusion=off ns_per_expr=%.0f\n", two_nodes / exprs * 1e9);
     std::printf("bench=ndarray workload=tiny_expr fusion=on ns_per_expr=%.0f allocs_per_expr=%.2f\n",
-                one_node / exprs * 1e9, static_cast<double>(allocations) / exprs);
+                one_node / exprs * 1e9, static_cast<double>(expr_allocations) / exprs);
     std::printf("bench=ndarray workload=tiny_expr speedup_vs_unfused=%.2f\n", two_nodes / one_node);
   }
   nd::set_fusion(fusion);

@@ -5,6 +5,8 @@
 
 #include <lazydag/engine/engine.hpp>
 
+#include <new>
+
 #include "../counting_new.hpp"
 #include "support.hpp"
 
@@ -13,6 +15,17 @@ using namespace lazydag::engine;
 using lazydag::test::allocations_in;
 
 TEST_SUITE("engine") {
+  // The zero counts below mean something only if the counter counts: direct
+  // calls of the replaceable functions, which no compiler may elide.
+  TEST_CASE("Recording.TheAllocationCounterCounts") {
+    CHECK(allocations_in([] { ::operator delete(::operator new(24)); }) == 1);
+    CHECK(allocations_in([] {
+            ::operator delete(::operator new(96, std::align_val_t{64}), std::align_val_t{64});
+            ::operator delete(::operator new(8));
+          }) == 2);
+    CHECK(allocations_in([] {}) == 0);
+  }
+
   TEST_CASE("Recording.PushAllocatesNothingInTheSteadyState" * doctest::timeout(120)) {
     for (const auto& cfg : test::all_configs()) {
       CAPTURE(cfg.str());

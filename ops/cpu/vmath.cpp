@@ -6,6 +6,8 @@
 
 #include <sleef.h>
 
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 namespace lazydag::ops::cpu::vmath {
@@ -56,12 +58,46 @@ namespace {
 
 #define LAZYDAG_SSE2
 
+// sigmoid(x) = 1 / (1 + exp(-x)) per vector: the negation flips the sign
+// bit (as the scalar -x does), then SLEEF's exp, one add and one division,
+// each correctly rounded, so a value is the same as from separate passes.
+LAZYDAG_AVX512 __m512 sigmoid_f16(__m512 x) {
+  const __m512 one = _mm512_set1_ps(1.0F);
+  const __m512 neg = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN)));
+  return _mm512_div_ps(one, _mm512_add_ps(one, Sleef_expf16_u10avx512f(neg)));
+}
+LAZYDAG_AVX512 __m512d sigmoid_d8(__m512d x) {
+  const __m512d one = _mm512_set1_pd(1.0);
+  const __m512d neg = _mm512_castsi512_pd(_mm512_xor_si512(_mm512_castpd_si512(x), _mm512_set1_epi64(INT64_MIN)));
+  return _mm512_div_pd(one, _mm512_add_pd(one, Sleef_expd8_u10avx512f(neg)));
+}
+LAZYDAG_AVX2 __m256 sigmoid_f8(__m256 x) {
+  const __m256 one = _mm256_set1_ps(1.0F);
+  const __m256 neg = _mm256_xor_ps(x, _mm256_set1_ps(-0.0F));
+  return _mm256_div_ps(one, _mm256_add_ps(one, Sleef_expf8_u10avx2(neg)));
+}
+LAZYDAG_AVX2 __m256d sigmoid_d4(__m256d x) {
+  const __m256d one = _mm256_set1_pd(1.0);
+  const __m256d neg = _mm256_xor_pd(x, _mm256_set1_pd(-0.0));
+  return _mm256_div_pd(one, _mm256_add_pd(one, Sleef_expd4_u10avx2(neg)));
+}
+__m128 sigmoid_f4(__m128 x) {
+  const __m128 one = _mm_set1_ps(1.0F);
+  return _mm_div_ps(one, _mm_add_ps(one, Sleef_expf4_u10sse2(_mm_xor_ps(x, _mm_set1_ps(-0.0F)))));
+}
+__m128d sigmoid_d2(__m128d x) {
+  const __m128d one = _mm_set1_pd(1.0);
+  return _mm_div_pd(one, _mm_add_pd(one, Sleef_expd2_u10sse2(_mm_xor_pd(x, _mm_set1_pd(-0.0)))));
+}
+
 LAZYDAG_VLOOP(exp_f_512, float, 16, __m512, _mm512_loadu_ps, _mm512_storeu_ps, Sleef_expf16_u10avx512f, LAZYDAG_AVX512)
 LAZYDAG_VLOOP(log_f_512, float, 16, __m512, _mm512_loadu_ps, _mm512_storeu_ps, Sleef_logf16_u10avx512f, LAZYDAG_AVX512)
 LAZYDAG_VLOOP(tanh_f_512, float, 16, __m512, _mm512_loadu_ps, _mm512_storeu_ps, Sleef_tanhf16_u10avx512f, LAZYDAG_AVX512)
 LAZYDAG_VLOOP(exp_d_512, double, 8, __m512d, _mm512_loadu_pd, _mm512_storeu_pd, Sleef_expd8_u10avx512f, LAZYDAG_AVX512)
 LAZYDAG_VLOOP(log_d_512, double, 8, __m512d, _mm512_loadu_pd, _mm512_storeu_pd, Sleef_logd8_u10avx512f, LAZYDAG_AVX512)
 LAZYDAG_VLOOP(tanh_d_512, double, 8, __m512d, _mm512_loadu_pd, _mm512_storeu_pd, Sleef_tanhd8_u10avx512f, LAZYDAG_AVX512)
+LAZYDAG_VLOOP(sigmoid_f_512, float, 16, __m512, _mm512_loadu_ps, _mm512_storeu_ps, sigmoid_f16, LAZYDAG_AVX512)
+LAZYDAG_VLOOP(sigmoid_d_512, double, 8, __m512d, _mm512_loadu_pd, _mm512_storeu_pd, sigmoid_d8, LAZYDAG_AVX512)
 
 LAZYDAG_VLOOP(exp_f_256, float, 8, __m256, _mm256_loadu_ps, _mm256_storeu_ps, Sleef_expf8_u10avx2, LAZYDAG_AVX2)
 LAZYDAG_VLOOP(log_f_256, float, 8, __m256, _mm256_loadu_ps, _mm256_storeu_ps, Sleef_logf8_u10avx2, LAZYDAG_AVX2)
@@ -69,6 +105,8 @@ LAZYDAG_VLOOP(tanh_f_256, float, 8, __m256, _mm256_loadu_ps, _mm256_storeu_ps, S
 LAZYDAG_VLOOP(exp_d_256, double, 4, __m256d, _mm256_loadu_pd, _mm256_storeu_pd, Sleef_expd4_u10avx2, LAZYDAG_AVX2)
 LAZYDAG_VLOOP(log_d_256, double, 4, __m256d, _mm256_loadu_pd, _mm256_storeu_pd, Sleef_logd4_u10avx2, LAZYDAG_AVX2)
 LAZYDAG_VLOOP(tanh_d_256, double, 4, __m256d, _mm256_loadu_pd, _mm256_storeu_pd, Sleef_tanhd4_u10avx2, LAZYDAG_AVX2)
+LAZYDAG_VLOOP(sigmoid_f_256, float, 8, __m256, _mm256_loadu_ps, _mm256_storeu_ps, sigmoid_f8, LAZYDAG_AVX2)
+LAZYDAG_VLOOP(sigmoid_d_256, double, 4, __m256d, _mm256_loadu_pd, _mm256_storeu_pd, sigmoid_d4, LAZYDAG_AVX2)
 
 LAZYDAG_VLOOP(exp_f_128, float, 4, __m128, _mm_loadu_ps, _mm_storeu_ps, Sleef_expf4_u10sse2, LAZYDAG_SSE2)
 LAZYDAG_VLOOP(log_f_128, float, 4, __m128, _mm_loadu_ps, _mm_storeu_ps, Sleef_logf4_u10sse2, LAZYDAG_SSE2)
@@ -76,6 +114,8 @@ LAZYDAG_VLOOP(tanh_f_128, float, 4, __m128, _mm_loadu_ps, _mm_storeu_ps, Sleef_t
 LAZYDAG_VLOOP(exp_d_128, double, 2, __m128d, _mm_loadu_pd, _mm_storeu_pd, Sleef_expd2_u10sse2, LAZYDAG_SSE2)
 LAZYDAG_VLOOP(log_d_128, double, 2, __m128d, _mm_loadu_pd, _mm_storeu_pd, Sleef_logd2_u10sse2, LAZYDAG_SSE2)
 LAZYDAG_VLOOP(tanh_d_128, double, 2, __m128d, _mm_loadu_pd, _mm_storeu_pd, Sleef_tanhd2_u10sse2, LAZYDAG_SSE2)
+LAZYDAG_VLOOP(sigmoid_f_128, float, 4, __m128, _mm_loadu_ps, _mm_storeu_ps, sigmoid_f4, LAZYDAG_SSE2)
+LAZYDAG_VLOOP(sigmoid_d_128, double, 2, __m128d, _mm_loadu_pd, _mm_storeu_pd, sigmoid_d2, LAZYDAG_SSE2)
 
 #undef LAZYDAG_VLOOP
 #undef LAZYDAG_AVX512
@@ -87,20 +127,28 @@ using DoubleLoop = void (*)(const double*, double*, std::int64_t);
 
 struct Table {
   const char* isa;
-  FloatLoop f[3];
-  DoubleLoop d[3];
+  FloatLoop f[4];
+  DoubleLoop d[4];
 };
 
 const Table& table() {
   static const Table t = [] {
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) {
-      return Table{"avx512f", {exp_f_512, log_f_512, tanh_f_512}, {exp_d_512, log_d_512, tanh_d_512}};
+    // LAZYDAG_VMATH_ISA=avx2 or sse2 caps the choice (the tests run the
+    // narrower loops on machines that have wider ones).
+    const char* cap = std::getenv("LAZYDAG_VMATH_ISA");
+    const bool no512 = cap != nullptr && (std::strcmp(cap, "avx2") == 0 || std::strcmp(cap, "sse2") == 0);
+    const bool no256 = cap != nullptr && std::strcmp(cap, "sse2") == 0;
+    if (!no512 && __builtin_cpu_supports("avx512f")) {
+      return Table{"avx512f", {exp_f_512, log_f_512, tanh_f_512, sigmoid_f_512},
+                   {exp_d_512, log_d_512, tanh_d_512, sigmoid_d_512}};
     }
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-      return Table{"avx2", {exp_f_256, log_f_256, tanh_f_256}, {exp_d_256, log_d_256, tanh_d_256}};
+    if (!no256 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+      return Table{"avx2", {exp_f_256, log_f_256, tanh_f_256, sigmoid_f_256},
+                   {exp_d_256, log_d_256, tanh_d_256, sigmoid_d_256}};
     }
-    return Table{"sse2", {exp_f_128, log_f_128, tanh_f_128}, {exp_d_128, log_d_128, tanh_d_128}};
+    return Table{"sse2", {exp_f_128, log_f_128, tanh_f_128, sigmoid_f_128},
+                   {exp_d_128, log_d_128, tanh_d_128, sigmoid_d_128}};
   }();
   return t;
 }
@@ -117,12 +165,18 @@ const char* isa() noexcept { return table().isa; }
 
 void apply(Fn f, const float* x, float* y, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) {
-    y[i] = f == Fn::kExp ? Sleef_expf_u10(x[i]) : f == Fn::kLog ? Sleef_logf_u10(x[i]) : Sleef_tanhf_u10(x[i]);
+    y[i] = f == Fn::kExp    ? Sleef_expf_u10(x[i])
+           : f == Fn::kLog  ? Sleef_logf_u10(x[i])
+           : f == Fn::kTanh ? Sleef_tanhf_u10(x[i])
+                            : 1.0F / (1.0F + Sleef_expf_u10(-x[i]));
   }
 }
 void apply(Fn f, const double* x, double* y, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) {
-    y[i] = f == Fn::kExp ? Sleef_exp_u10(x[i]) : f == Fn::kLog ? Sleef_log_u10(x[i]) : Sleef_tanh_u10(x[i]);
+    y[i] = f == Fn::kExp    ? Sleef_exp_u10(x[i])
+           : f == Fn::kLog  ? Sleef_log_u10(x[i])
+           : f == Fn::kTanh ? Sleef_tanh_u10(x[i])
+                            : 1.0 / (1.0 + Sleef_exp_u10(-x[i]));
   }
 }
 const char* isa() noexcept { return "scalar"; }

@@ -1,13 +1,14 @@
-// Vectorised transcendental math for the CPU kernels, from SLEEF: exp, log
-// and tanh of float32 and float64 runs, dispatched at run time to the
-// widest instruction set the machine has (AVX-512F, AVX2 + FMA, SSE2).
+// Vectorised transcendental math for the CPU kernels, from SLEEF: exp, log,
+// tanh and sigmoid (1 / (1 + exp(-x)) in one pass) of float32 and float64
+// runs, dispatched at run time to the widest instruction set the machine
+// has (AVX-512F, AVX2 + FMA, SSE2).
 #pragma once
 
 #include <cstdint>
 
 namespace lazydag::ops::cpu::vmath {
 
-enum class Fn : std::uint8_t { kExp, kLog, kTanh };
+enum class Fn : std::uint8_t { kExp, kLog, kTanh, kSigmoid };
 
 /// y[i] = f(x[i]) for i < n (y may be x). SLEEF's 1.0-ULP functions: every
 /// element goes through the same vector routine (a short tail is padded),

@@ -243,6 +243,17 @@ int main(int argc, char** argv) {
       const double two = median_seconds([&] { split2(body); });
       report("tanh", 2.0 * n * 4, ours, one, two);
     }
+    {
+      // The fused sigmoid(x * w + b) below makes the same two passes and
+      // this work besides: its floor.
+      const double ours = median_seconds([&] { nd::sigmoid(a).wait_to_read(); });
+      auto body = [&](std::int64_t lo, std::int64_t hi) {
+        for (std::int64_t i = lo; i < hi; ++i) vc[i] = 1.0F / (1.0F + std::exp(-va[i]));
+      };
+      const double one = median_seconds([&] { body(0, n); });
+      const double two = median_seconds([&] { split2(body); });
+      report("sigmoid", 2.0 * n * 4, ours, one, two);
+    }
     // Fused expressions on 16M float32 (LAZYDAG_FUSION=0 for the unfused
     // figure, in the same run), beside NumPy on the same expressions. Two
     // operand forms: `rows`, a [16384, 1024] batch with per-feature

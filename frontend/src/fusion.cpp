@@ -206,8 +206,9 @@ void flush_locked(Group& g) {
     if (g.outs[i].use_count() > 1) {
       kept |= std::uint64_t{1} << i;
       Storage& s = *g.outs[i]->storage;
-      // Host memory now (bad_alloc leaves the group open); a stream device's
-      // buffer is allocated by the node, on its stream.
+      // Its var and host memory now (a throw leaves the group open); a
+      // stream device's buffer is allocated by the node, on its stream.
+      s.ensure_var();
       if (!g.dev.is_stream_device() && s.data == nullptr) s.allocate();
       bytes += s.bytes;
       writes[num_writes] = s.var;

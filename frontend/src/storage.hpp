@@ -61,15 +61,24 @@ struct Storage {
   std::uint64_t made_by = t_thread_number;
   std::uint64_t made_at = ++t_storages_made;
 
+  // A deferred storage gets its var then too (ensure_var): a result the
+  // fused node does not keep never touches the engine at all.
   Storage(engine::Engine& e, Device dev, std::size_t n, bool deferred = false)
-      : eng(&e), var(e.new_owned_var("an NDArray")), device(dev), bytes(n) {
-    if (dev.is_stream_device() || deferred) return;
+      : eng(&e), device(dev), bytes(n) {
+    if (deferred) return;
+    var = e.new_owned_var("an NDArray");
+    if (dev.is_stream_device()) return;
     try {
       allocate();
     } catch (...) {
       e.delete_owned_var(var);
       throw;
     }
+  }
+  /// The var of a storage constructed deferred, made on first use (under
+  /// its fusion group's lock, before the group is recorded).
+  void ensure_var() {
+    if (!var.valid()) var = eng->new_owned_var("an NDArray");
   }
   /// A host buffer for a storage constructed deferred.
   void allocate() {
@@ -97,6 +106,7 @@ struct Storage {
       HostPool::get().release(data, bytes);
       g_bytes.fetch_sub(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
     }
+    if (!var.valid()) return;  // a fused result nobody kept: no var was made
     try {
       eng->delete_owned_var(var);
     } catch (const std::exception& e) {  // a destructor never throws

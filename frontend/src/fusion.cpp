@@ -344,8 +344,7 @@ void flush_all() {
   }
 }
 
-StatePtr append(ops::FusedStep step, std::span<const StatePtr> inputs, const Shape& shape, DType t,
-                Device dev, const char* name) {
+StatePtr append(ops::FusedStep step, InputRefs inputs, const Shape& shape, DType t, Device dev, const char* name) {
   Group& g = mine();
   for (;;) {
     // Inputs in another thread's open group: that group is recorded first,
@@ -374,7 +373,7 @@ StatePtr append(ops::FusedStep step, std::span<const StatePtr> inputs, const Sha
     out->strides = contiguous_strides(shape);
     out->dtype = t;
     for (std::size_t k = 0; k < inputs.size(); ++k) {
-      const ArrayState* a = inputs[k].get();
+      const ArrayState* a = inputs[k].get().get();
       std::int32_t ref = 0;
       bool found = false;
       if (a->storage->group.load(std::memory_order_relaxed) == &g) {
@@ -392,7 +391,7 @@ StatePtr append(ops::FusedStep step, std::span<const StatePtr> inputs, const Sha
         }
       }
       if (!found) {
-        g.ext.push_back(inputs[k]);
+        g.ext.push_back(inputs[k].get());
         ref = -1 - static_cast<std::int32_t>(g.ext.size() - 1);
         if (a->storage->group.load(std::memory_order_relaxed) != &g) {
           a->storage->group.store(&g, std::memory_order_release);

@@ -7,6 +7,7 @@
 
 #include <lazydag/ops/kernels.hpp>
 
+#include <functional>
 #include <span>
 
 #include "internal.hpp"
@@ -23,8 +24,9 @@ namespace lazydag::detail::fusion {
 /// returns its result, an array of `shape` and `t` with no buffer yet.
 /// Records the group first when the op does not fit it (another device or
 /// shape, the group full). The inputs are not settled by the caller.
-[[nodiscard]] StatePtr append(ops::FusedStep step, std::span<const StatePtr> inputs, const Shape& shape,
-                              DType t, Device dev, const char* name);
+using InputRefs = std::span<const std::reference_wrapper<const StatePtr>>;
+[[nodiscard]] StatePtr append(ops::FusedStep step, InputRefs inputs, const Shape& shape, DType t, Device dev,
+                              const char* name);
 
 /// Records the open group that reads or writes `s`'s buffer, if any (any
 /// thread's), so that what the caller records next comes after it.

@@ -373,7 +373,8 @@ StatePtr append(ops::FusedStep step, InputRefs inputs, const Shape& shape, DType
     out->strides = contiguous_strides(shape);
     out->dtype = t;
     for (std::size_t k = 0; k < inputs.size(); ++k) {
-      const ArrayState* a = inputs[k].get().get();
+      const StatePtr& in = inputs[k];
+      const ArrayState* a = in.get();
       std::int32_t ref = 0;
       bool found = false;
       if (a->storage->group.load(std::memory_order_relaxed) == &g) {
@@ -391,7 +392,7 @@ StatePtr append(ops::FusedStep step, InputRefs inputs, const Shape& shape, DType
         }
       }
       if (!found) {
-        g.ext.push_back(inputs[k].get());
+        g.ext.push_back(in);
         ref = -1 - static_cast<std::int32_t>(g.ext.size() - 1);
         if (a->storage->group.load(std::memory_order_relaxed) != &g) {
           a->storage->group.store(&g, std::memory_order_release);

@@ -240,13 +240,13 @@ struct Inputs {
   [[nodiscard]] std::size_t size() const { return count; }
 };
 
-// Records one node reading `inputs` and writing `out`; `kernel` gets views.
 // The inputs of record and elementwise are references: a list of
 // StatePtr copies cost an atomic increment and decrement per input and
 // call (perf of a recorded x + 1 had 13% of its samples in shared_ptr
 // reference counts).
 using StateRefs = std::initializer_list<std::reference_wrapper<const StatePtr>>;
 
+// Records one node reading `inputs` and writing `out`; `kernel` gets views.
 template <class Kernel>
 void record(const char* name, StateRefs inputs, const StatePtr& out, Kernel kernel) {
   if (inputs.size() > Inputs::kMax) throw Error(std::string(name) + ": too many inputs for one kernel");
@@ -284,8 +284,8 @@ StatePtr dense(const StatePtr& a) {
 // the inputs' groups are recorded). Ops that can fail at run time (integer
 // division) are not fused: a fused node fails as a whole.
 template <class Rec>
-StatePtr elementwise(ops::FusedStep step, StateRefs inputs, const Shape& shape, DType t,
-                     Device dev, const char* name, Rec rec, bool fusible = true) {
+StatePtr elementwise(ops::FusedStep step, StateRefs inputs, const Shape& shape, DType t, Device dev,
+                     const char* name, Rec rec, bool fusible = true) {
   if (fusible && detail::fusion::active()) {
     check_shape(shape, name);
     return detail::fusion::append(step, std::span(inputs.begin(), inputs.size()), shape, t, dev, name);

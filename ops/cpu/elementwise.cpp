@@ -241,6 +241,8 @@ bool is_vector_op(UnaryOp op) {
 
 }  // namespace
 
+const char* vector_math_isa() noexcept { return vmath::isa(); }
+
 void unary(UnaryOp op, const TensorView& a, const TensorView& out) {
   dispatch(out.dtype, [&]<class T>() {
     if constexpr (std::is_floating_point_v<T>) {

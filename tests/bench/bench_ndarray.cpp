@@ -52,7 +52,6 @@ std::map<std::string, double> numpy_peer(int argc, char** argv) {
 
 }  // namespace
 
-
 int main(int argc, char** argv) {
   const int threads = nd::engine().num_threads();
   std::printf("bench=ndarray policy=%s threads=%d\n",

@@ -1,9 +1,12 @@
 // Elementwise ops against double-precision reference loops on random inputs,
 // for every dtype they support, with NumPy broadcasting edge cases.
+#include <lazydag/ops/kernels.hpp>
+
 #include "reference.hpp"
 
 #include <climits>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -140,6 +143,14 @@ TEST_SUITE("ndarray") {
     // a wider reference rounded to the dtype: at most 2 ULP apart (1 for the
     // routine, up to 1/2 for the reference's own rounding), special values
     // exact. Inputs span the whole useful range of each function.
+    // Under LAZYDAG_VMATH_ISA (ndarray.elementwise.avx2, .sse2) the
+    // narrower loops are the ones under test.
+    if (const char* cap = std::getenv("LAZYDAG_VMATH_ISA")) {
+      const std::string isa = ops::cpu::vector_math_isa();
+      CAPTURE(isa);
+      if (std::string(cap) == "sse2") CHECK(isa == "sse2");
+      if (std::string(cap) == "avx2") CHECK((isa == "avx2" || isa == "sse2"));
+    }
     auto ulp32 = [](float a, float b) {
       auto key = [](float f) {
         std::int32_t i = 0;

@@ -53,6 +53,10 @@ namespace cpu {
 
 /// out = op(a); same dtype, same shape (a broadcast to out.shape).
 void unary(UnaryOp op, const TensorView& a, const TensorView& out);
+/// The instruction set of exp, log, tanh and sigmoid on float arrays:
+/// "avx512f", "avx2", "sse2" (the widest the CPU has, capped by
+/// LAZYDAG_VMATH_ISA=avx2 or sse2), or "scalar" off x86-64.
+[[nodiscard]] const char* vector_math_isa() noexcept;
 /// out = op(a, b) with a and b broadcast to out.shape; one dtype throughout.
 void binary(BinaryOp op, const TensorView& a, const TensorView& b, const TensorView& out);
 /// out = op(a, scalar) (or op(scalar, a) when scalar_first).

@@ -6,8 +6,8 @@
 // buffer, and every storage the group reads or writes points at the group.
 // The group is recorded into the engine as one node (ops::fused: the CPU's
 // tile interpreter, or on a gpu one kernel running every step) when
-//   - the thread records an op that does not join it (another device or
-//     shape, a non-elementwise op, the group full), or
+//   - the thread records an elementwise op that does not join it (another
+//     device or shape, the group full), or
 //   - anything else touches one of its storages: every access to an array
 //     goes through Access::state, which settles the storage's group first
 //     (a blocker, a view, an in-place write, another op, any thread), or
@@ -15,9 +15,11 @@
 // Recording the group before any other access to its storages keeps the
 // engine's view of those accesses in program order: the fused node is
 // recorded where its first op would have been, relative to everything
-// that touches the same buffers. Only results still held by a handle when
-// the group is recorded get a buffer and are written; the rest live in the
-// interpreter's per-tile scratch.
+// that touches the same buffers. Results nobody holds live in the
+// interpreter's per-tile scratch. An access to one result records that
+// result alone; other held results stay gathered (flush_locked). A
+// non-elementwise op that touches none of the group's storages records
+// nothing of it.
 //
 // Locking: a group's mutex guards its contents; its storages' `group`
 // pointers are set under it and cleared under it after the node is
@@ -55,7 +57,8 @@ struct Group {
   std::vector<StatePtr> outs;  // step i's result
   std::vector<StatePtr> ext;   // external inputs
   std::vector<Storage*> touched;
-  std::string name;
+  std::vector<const char*> names;  // step i's op
+  std::string name;                // the recorded node's, built at each flush
 };
 
 namespace {
@@ -163,13 +166,89 @@ class ProgramHandle {
   Program* p_;
 };
 
-// Records `g` (its mutex held) as one node and empties it.
-void flush_locked(Group& g) {
-  if (!g.open.load(std::memory_order_relaxed)) return;
-  // A group has at most kMaxInputs external inputs and kMaxSteps steps
-  // (append): the bookkeeping below lives on the stack.
-  const std::size_t num_ext = g.ext.size();
-  const std::size_t num_steps = g.steps.size();
+// What a flush records.
+enum class Flush {
+  // Every result a handle holds (waitall, a thread's exit, a group that
+  // must make room, an access to one of the group's inputs).
+  kAll,
+  // The result whose storage is accessed; the other held results stay
+  // gathered. Any other storage: as kAll.
+  kWanted,
+  // Nothing: the results nobody holds are dropped, the held ones stay
+  // gathered (a non-elementwise op recorded by the gathering thread).
+  kHeld,
+};
+
+// Bit i of a step mask: step i.
+constexpr std::uint64_t bit(std::size_t i) { return std::uint64_t{1} << i; }
+
+// `mask` and the steps its steps read, transitively.
+std::uint64_t closure(const Group& g, std::uint64_t mask) {
+  for (std::size_t i = g.steps.size(); i-- > 0;) {
+    if ((mask & bit(i)) == 0) continue;
+    const ops::FusedStep& st = g.steps[i];
+    for (int j = 0; j < st.num_in; ++j) {
+      const std::int32_t r = st.in[static_cast<std::size_t>(j)];
+      if (r >= 0) mask |= bit(static_cast<std::size_t>(r));
+    }
+  }
+  return mask;
+}
+
+// The steps of a mask closed under closure(), renumbered in order, with
+// the external inputs they read, renumbered too.
+struct Selection {
+  std::array<ops::FusedStep, kMaxSteps> steps;
+  std::array<std::size_t, kMaxSteps> from;  // the group's step
+  std::size_t num_steps = 0;
+  std::array<const StatePtr*, kMaxInputs> ext;
+  std::size_t num_ext = 0;
+};
+
+void select(const Group& g, std::uint64_t mask, Selection& s) {
+  std::array<std::int32_t, kMaxSteps> renumbered;
+  std::array<std::int32_t, kMaxInputs> input;
+  input.fill(-1);
+  for (std::size_t i = 0; i < g.steps.size(); ++i) {
+    if ((mask & bit(i)) == 0) continue;
+    ops::FusedStep st = g.steps[i];
+    for (int j = 0; j < st.num_in; ++j) {
+      std::int32_t& r = st.in[static_cast<std::size_t>(j)];
+      if (r >= 0) {
+        r = renumbered[static_cast<std::size_t>(r)];
+        continue;
+      }
+      std::int32_t& k = input[static_cast<std::size_t>(-1 - r)];
+      if (k < 0) {
+        s.ext[s.num_ext] = &g.ext[static_cast<std::size_t>(-1 - r)];
+        k = static_cast<std::int32_t>(s.num_ext++);
+      }
+      r = -1 - k;
+    }
+    renumbered[i] = static_cast<std::int32_t>(s.num_steps);
+    s.steps[s.num_steps] = st;
+    s.from[s.num_steps] = i;
+    ++s.num_steps;
+  }
+}
+
+// "fused[a,b,...]" of a selection's steps, into `out`.
+void name_of(const Group& g, const Selection& s, std::string& out) {
+  out = "fused[";
+  for (std::size_t k = 0; k < s.num_steps; ++k) {
+    if (k != 0) out += ',';
+    out += g.names[s.from[k]];
+  }
+  out += ']';
+}
+
+// Records the steps of `keep`'s results (and those they read) of `g` as
+// one node writing those results.
+void record_selected(Group& g, std::uint64_t keep) {
+  Selection now;
+  select(g, closure(g, keep), now);
+  const std::size_t num_ext = now.num_ext;
+  const std::size_t num_steps = now.num_steps;
   // The engine's reads: the external inputs' vars, each once.
   std::array<engine::Var, kMaxInputs> reads;
   std::array<const Storage*, kMaxInputs> seen;
@@ -178,7 +257,7 @@ void flush_locked(Group& g) {
   // all of them was a quarter of this function's time on tiny groups).
   std::array<std::uint64_t, kMaxInputs> read_of;  // external input -> its read's bit
   for (std::size_t k = 0; k < num_ext; ++k) {
-    const Storage* s = g.ext[k]->storage.get();
+    const Storage* s = (*now.ext[k])->storage.get();
     std::size_t r = 0;
     while (r < num_reads && seen[r] != s) ++r;
     if (r == num_reads) {
@@ -192,7 +271,7 @@ void flush_locked(Group& g) {
   // fails only the results that depend on it, as the separate ops would.
   std::array<std::uint64_t, kMaxSteps> sources;
   for (std::size_t i = 0; i < num_steps; ++i) {
-    const ops::FusedStep& st = g.steps[i];
+    const ops::FusedStep& st = now.steps[i];
     sources[i] = 0;
     for (int j = 0; j < st.num_in; ++j) {
       const std::int32_t r = st.in[static_cast<std::size_t>(j)];
@@ -203,67 +282,134 @@ void flush_locked(Group& g) {
   std::array<std::uint64_t, kMaxSteps> write_sources;
   std::size_t num_writes = 0;
   std::size_t bytes = 0;
-  std::uint64_t kept = 0;  // bit i: step i's result is written
-  for (std::size_t i = 0; i < g.outs.size(); ++i) {
-    // The group's reference and at least one more: a handle holds it.
-    if (g.outs[i].use_count() > 1) {
-      kept |= std::uint64_t{1} << i;
-      Storage& s = *g.outs[i]->storage;
-      // Its var and host memory now (a throw leaves the group open); a
-      // stream device's buffer is allocated by the node, on its stream.
-      s.ensure_var();
-      if (!g.dev.is_stream_device() && s.data == nullptr) s.allocate();
-      bytes += s.bytes;
-      writes[num_writes] = s.var;
-      write_sources[num_writes] = sources[i];
-      ++num_writes;
+  for (std::size_t i = 0; i < num_steps; ++i) {
+    if ((keep & bit(now.from[i])) == 0) continue;
+    Storage& s = *g.outs[now.from[i]]->storage;
+    // Its var and host memory now (a throw leaves the group open); a
+    // stream device's buffer is allocated by the node, on its stream.
+    s.ensure_var();
+    if (!g.dev.is_stream_device() && s.data == nullptr) s.allocate();
+    bytes += s.bytes;
+    writes[num_writes] = s.var;
+    write_sources[num_writes] = sources[i];
+    ++num_writes;
+  }
+  ProgramHandle p;
+  p->kept.resize(num_steps);
+  for (std::size_t i = 0; i < num_steps; ++i) {
+    if ((keep & bit(now.from[i])) != 0) p->kept[i] = g.outs[now.from[i]];
+  }
+  p->steps.assign(now.steps.begin(), now.steps.begin() + static_cast<std::ptrdiff_t>(num_steps));
+  p->ext.clear();
+  for (std::size_t k = 0; k < num_ext; ++k) p->ext.push_back(*now.ext[k]);
+  p->domain = g.domain;
+  name_of(g, now, g.name);
+  engine::PushOptions o;
+  o.device = g.dev;
+  o.name = g.name;
+  o.write_sources = std::span<const std::uint64_t>(write_sources.data(), num_writes);
+  if (g.dev.is_stream_device()) o.bytes = bytes;
+  // The cost hint: the inputs and kept results, and a byte per element
+  // and step for the work in cache.
+  std::size_t touched = bytes + num_steps * static_cast<std::size_t>(numel(g.domain));
+  for (std::size_t r = 0; r < num_reads; ++r) touched += seen[r]->bytes;
+  o.cost_bytes = std::max<std::size_t>(touched, 1);
+  nd::engine().push(
+      [p = std::move(p)](const engine::RunContext& ctx) {
+        Program& q = *p;
+        for (const StatePtr& k : q.kept) {
+          if (k) k->storage->ensure(ctx);  // a stream device's result: its buffer, in stream order
+        }
+        q.in.clear();
+        for (const StatePtr& e : q.ext) q.in.push_back(view_of(*e));
+        q.out.assign(q.kept.size(), ops::TensorView{});
+        for (std::size_t i = 0; i < q.kept.size(); ++i) {
+          if (q.kept[i]) q.out[i] = view_of(*q.kept[i]);
+        }
+        ops::fused(ctx, q.steps, q.in, q.out, q.domain);  // a CPU loop over tiles, or one CUDA kernel
+      },
+      std::span<const engine::Var>(reads.data(), num_reads), std::span<const engine::Var>(writes.data(), num_writes),
+      o);
+}
+
+// Records what `how` asks of `g` (its mutex held). The group is left with
+// the held results that stay gathered and the steps they read (a step
+// both need is computed again later, in scratch). Held results that
+// stay are most often a full expression's temporaries, alive until the
+// end of `f(x * w + b).wait_to_read()`: written, they would cost a full
+// pass over memory each (docs/architecture.md, "What is materialised").
+void flush_locked(Group& g, Flush how = Flush::kAll, const Storage* wanted = nullptr) {
+  if (!g.open.load(std::memory_order_relaxed)) return;
+  const std::size_t num_steps = g.steps.size();
+  // The group's reference and at least one more: a handle holds it.
+  std::uint64_t held = 0;
+  for (std::size_t i = 0; i < num_steps; ++i) {
+    if (g.outs[i].use_count() > 1) held |= bit(i);
+  }
+  std::uint64_t keep = held;
+  if (how == Flush::kHeld) {
+    keep = 0;
+  } else if (how == Flush::kWanted) {
+    std::size_t w = 0;
+    while (w < num_steps && (!g.outs[w] || g.outs[w]->storage.get() != wanted)) ++w;
+    if (w < num_steps) keep = bit(w);
+  }
+  // The results that stay are gathered again from the group's inputs,
+  // never from a result recorded now: the access that settles it may be an
+  // in-place write, recorded after this returns.
+  const std::uint64_t stay = held & ~keep;
+  Selection later;
+  if (stay != 0) select(g, closure(g, stay), later);
+  if (keep == 0 && later.num_steps == num_steps) return;  // nothing to record or drop
+  if (keep != 0) record_selected(g, keep);
+  // Recorded (or nothing to compute: no result is held): the storages the
+  // group no longer reads or writes need not settle.
+  std::array<const Storage*, kMaxSteps + kMaxInputs> still;
+  std::size_t num_still = 0;
+  for (std::size_t k = 0; k < later.num_steps; ++k) {
+    const StatePtr& out = g.outs[later.from[k]];
+    if (out && (keep & bit(later.from[k])) == 0) still[num_still++] = out->storage.get();
+  }
+  for (std::size_t k = 0; k < later.num_ext; ++k) still[num_still++] = (*later.ext[k])->storage.get();
+  std::size_t num_touched = 0;
+  for (Storage* s : g.touched) {
+    if (std::find(still.begin(), still.begin() + static_cast<std::ptrdiff_t>(num_still), s) !=
+        still.begin() + static_cast<std::ptrdiff_t>(num_still)) {
+      g.touched[num_touched++] = s;
+    } else {
+      s->group.store(nullptr, std::memory_order_release);
     }
   }
-  if (num_writes != 0) {
-    ProgramHandle p;
-    p->kept.resize(num_steps);
-    for (std::size_t i = 0; i < g.outs.size(); ++i) {
-      if ((kept >> i & 1) != 0) p->kept[i] = g.outs[i];
-    }
-    p->steps.assign(g.steps.begin(), g.steps.end());
-    p->ext.assign(g.ext.begin(), g.ext.end());
-    p->domain = g.domain;
-    engine::PushOptions o;
-    o.device = g.dev;
-    o.name = g.name;
-    o.write_sources = std::span<const std::uint64_t>(write_sources.data(), num_writes);
-    if (g.dev.is_stream_device()) o.bytes = bytes;
-    // The cost hint: the inputs and kept results, and a byte per element
-    // and step for the work in cache.
-    std::size_t touched = bytes + num_steps * static_cast<std::size_t>(numel(g.domain));
-    for (std::size_t r = 0; r < num_reads; ++r) touched += seen[r]->bytes;
-    o.cost_bytes = std::max<std::size_t>(touched, 1);
-    nd::engine().push(
-        [p = std::move(p)](const engine::RunContext& ctx) {
-          Program& q = *p;
-          for (const StatePtr& k : q.kept) {
-            if (k) k->storage->ensure(ctx);  // a stream device's result: its buffer, in stream order
-          }
-          q.in.clear();
-          for (const StatePtr& e : q.ext) q.in.push_back(view_of(*e));
-          q.out.assign(q.kept.size(), ops::TensorView{});
-          for (std::size_t i = 0; i < q.kept.size(); ++i) {
-            if (q.kept[i]) q.out[i] = view_of(*q.kept[i]);
-          }
-          ops::fused(ctx, q.steps, q.in, q.out, q.domain);  // a CPU loop over tiles, or one CUDA kernel
-        },
-        std::span<const engine::Var>(reads.data(), num_reads), std::span<const engine::Var>(writes.data(), num_writes),
-        o);
+  g.touched.resize(num_touched);
+  if (later.num_steps == 0) {
+    g.steps.clear();
+    g.outs.clear();
+    g.ext.clear();
+    g.names.clear();
+    g.open.store(false, std::memory_order_relaxed);
+    return;
   }
-  // Recorded (or nothing to compute: no result is held): later accesses
-  // need not settle.
-  for (Storage* s : g.touched) s->group.store(nullptr, std::memory_order_release);
-  g.touched.clear();
-  g.steps.clear();
+  // The group becomes the selection (copies first: it reads the vectors).
+  std::array<StatePtr, kMaxSteps> outs;
+  std::array<StatePtr, kMaxInputs> ext;
+  std::array<const char*, kMaxSteps> names;
+  // A result recorded now that a result staying reads is computed again,
+  // into scratch: its step keeps no array (a later op that reads the array
+  // reads what was written, and whatever was written into it since).
+  for (std::size_t k = 0; k < later.num_steps; ++k) {
+    if ((keep & bit(later.from[k])) == 0) outs[k] = std::move(g.outs[later.from[k]]);
+    names[k] = g.names[later.from[k]];
+  }
+  for (std::size_t k = 0; k < later.num_ext; ++k) ext[k] = *later.ext[k];
+  g.steps.assign(later.steps.begin(), later.steps.begin() + static_cast<std::ptrdiff_t>(later.num_steps));
   g.outs.clear();
   g.ext.clear();
-  g.name.clear();
-  g.open.store(false, std::memory_order_relaxed);
+  g.names.clear();
+  for (std::size_t k = 0; k < later.num_steps; ++k) {
+    g.outs.push_back(std::move(outs[k]));
+    g.names.push_back(names[k]);
+  }
+  for (std::size_t k = 0; k < later.num_ext; ++k) g.ext.push_back(std::move(ext[k]));
 }
 
 // The calling thread's group, returned to the registry (recorded first)
@@ -303,7 +449,7 @@ void settle_storage(const Storage& s) {
   Group* h = s.group.load(std::memory_order_acquire);
   if (h == nullptr) return;
   std::lock_guard lk(h->mu);
-  if (s.group.load(std::memory_order_relaxed) == h) flush_locked(*h);
+  if (s.group.load(std::memory_order_relaxed) == h) flush_locked(*h, Flush::kWanted, &s);
 }
 
 }  // namespace
@@ -327,7 +473,7 @@ void flush_mine() {
   Group* g = tls_mine.g;
   if (g == nullptr || !g->open.load(std::memory_order_relaxed)) return;
   std::lock_guard lk(g->mu);
-  flush_locked(*g);
+  flush_locked(*g, Flush::kHeld);
 }
 
 void flush_all() {
@@ -365,7 +511,16 @@ StatePtr append(ops::FusedStep step, InputRefs inputs, const Shape& shape, DType
          g.ext.size() + inputs.size() > kMaxInputs)) {
       flush_locked(g);
     }
-    // The result first: creating it may throw, and nothing has changed yet.
+    // The result first: creating it may throw, and nothing has changed yet
+    // (the group's vectors hold a full group: the pushes below and a
+    // flush's rebuild never allocate).
+    if (g.steps.capacity() < kMaxSteps) {
+      g.steps.reserve(kMaxSteps);
+      g.outs.reserve(kMaxSteps);
+      g.names.reserve(kMaxSteps);
+      g.ext.reserve(kMaxInputs);
+      g.touched.reserve(kMaxSteps + kMaxInputs);
+    }
     auto out = make_pooled<ArrayState>();
     out->storage =
         make_pooled<Storage>(nd::engine(), dev, static_cast<std::size_t>(numel(shape)) * size_of(t), true);
@@ -408,13 +563,8 @@ StatePtr append(ops::FusedStep step, InputRefs inputs, const Shape& shape, DType
     if (!g.open.load(std::memory_order_relaxed)) {
       g.dev = dev;
       g.domain = shape;
-      g.name = "fused[";
-    } else {
-      g.name.pop_back();  // the closing bracket
-      g.name += ',';
     }
-    g.name += name;
-    g.name += ']';
+    g.names.push_back(name);
     g.steps.push_back(step);
     g.outs.push_back(out);
     g.open.store(true, std::memory_order_relaxed);

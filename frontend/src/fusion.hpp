@@ -24,6 +24,8 @@ namespace lazydag::detail::fusion {
 /// returns its result, an array of `shape` and `t` with no buffer yet.
 /// Records the group first when the op does not fit it (another device or
 /// shape, the group full). The inputs are not settled by the caller.
+/// `name` (the op's, for the fused node's name) must outlive the process's
+/// use of the group: a string literal or a static table's entry.
 using InputRefs = std::span<const std::reference_wrapper<const StatePtr>>;
 [[nodiscard]] StatePtr append(ops::FusedStep step, InputRefs inputs, const Shape& shape, DType t, Device dev,
                               const char* name);

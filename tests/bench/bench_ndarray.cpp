@@ -359,6 +359,14 @@ int main(int argc, char** argv) {
             std::printf("bench=ndarray workload=fused_%s ratio_vs_numpy=%.2f\n", w_name, on * 1e3 / it->second);
           }
         }
+        if (rows) {
+          // The chain read inside its own full expression, as C++ code
+          // often does: its four temporaries are still held by the read
+          // (docs/architecture.md, "What is materialised").
+          const double in_expr = median_seconds([&] { nd::relu((xx - m) / sd * g + bb).wait_to_read(); });
+          std::printf("bench=ndarray workload=fused_chain6_rows_read_in_expression fusion=on ms=%.2f\n",
+                      in_expr * 1e3);
+        }
       }
     }
     const double sum = median_seconds([&] { (void)a.sum().item<float>(); });

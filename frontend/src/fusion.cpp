@@ -195,40 +195,44 @@ std::uint64_t closure(const Group& g, std::uint64_t mask) {
   return mask;
 }
 
-// The steps of a mask closed under closure(), renumbered in order, with
-// the external inputs they read, renumbered too.
+// The steps of a mask closed under closure(), renumbered in order, and
+// the external inputs they read, renumbered in order too (so that a group
+// compacts to a selection in place). No array here is zeroed: only the
+// entries a selection uses are written or read.
 struct Selection {
-  std::array<ops::FusedStep, kMaxSteps> steps;
-  std::array<std::size_t, kMaxSteps> from;  // the group's step
+  std::array<std::uint8_t, kMaxSteps> from;   // new step -> the group's
+  std::array<std::int8_t, kMaxSteps> step_to;  // the group's step -> new
   std::size_t num_steps = 0;
-  std::array<const StatePtr*, kMaxInputs> ext;
+  std::array<std::uint8_t, kMaxInputs> ext_from;  // new input -> the group's
+  std::array<std::int8_t, kMaxInputs> ext_to;     // the group's input -> new
   std::size_t num_ext = 0;
+
+  /// Step `st` of the group (a selected one), its operands renumbered.
+  [[nodiscard]] ops::FusedStep renumbered(ops::FusedStep st) const {
+    for (int j = 0; j < st.num_in; ++j) {
+      std::int32_t& r = st.in[static_cast<std::size_t>(j)];
+      r = r >= 0 ? step_to[static_cast<std::size_t>(r)] : -1 - ext_to[static_cast<std::size_t>(-1 - r)];
+    }
+    return st;
+  }
 };
 
 void select(const Group& g, std::uint64_t mask, Selection& s) {
-  std::array<std::int32_t, kMaxSteps> renumbered;
-  std::array<std::int32_t, kMaxInputs> input;
-  input.fill(-1);
+  std::uint32_t used = 0;  // bit k: external input k is read
   for (std::size_t i = 0; i < g.steps.size(); ++i) {
     if ((mask & bit(i)) == 0) continue;
-    ops::FusedStep st = g.steps[i];
+    const ops::FusedStep& st = g.steps[i];
     for (int j = 0; j < st.num_in; ++j) {
-      std::int32_t& r = st.in[static_cast<std::size_t>(j)];
-      if (r >= 0) {
-        r = renumbered[static_cast<std::size_t>(r)];
-        continue;
-      }
-      std::int32_t& k = input[static_cast<std::size_t>(-1 - r)];
-      if (k < 0) {
-        s.ext[s.num_ext] = &g.ext[static_cast<std::size_t>(-1 - r)];
-        k = static_cast<std::int32_t>(s.num_ext++);
-      }
-      r = -1 - k;
+      const std::int32_t r = st.in[static_cast<std::size_t>(j)];
+      if (r < 0) used |= std::uint32_t{1} << (-1 - r);
     }
-    renumbered[i] = static_cast<std::int32_t>(s.num_steps);
-    s.steps[s.num_steps] = st;
-    s.from[s.num_steps] = i;
-    ++s.num_steps;
+    s.step_to[i] = static_cast<std::int8_t>(s.num_steps);
+    s.from[s.num_steps++] = static_cast<std::uint8_t>(i);
+  }
+  for (std::size_t k = 0; k < g.ext.size(); ++k) {
+    if ((used >> k & 1) == 0) continue;
+    s.ext_to[k] = static_cast<std::int8_t>(s.num_ext);
+    s.ext_from[s.num_ext++] = static_cast<std::uint8_t>(k);
   }
 }
 
@@ -257,7 +261,7 @@ void record_selected(Group& g, std::uint64_t keep) {
   // all of them was a quarter of this function's time on tiny groups).
   std::array<std::uint64_t, kMaxInputs> read_of;  // external input -> its read's bit
   for (std::size_t k = 0; k < num_ext; ++k) {
-    const Storage* s = (*now.ext[k])->storage.get();
+    const Storage* s = g.ext[now.ext_from[k]]->storage.get();
     std::size_t r = 0;
     while (r < num_reads && seen[r] != s) ++r;
     if (r == num_reads) {
@@ -271,7 +275,7 @@ void record_selected(Group& g, std::uint64_t keep) {
   // fails only the results that depend on it, as the separate ops would.
   std::array<std::uint64_t, kMaxSteps> sources;
   for (std::size_t i = 0; i < num_steps; ++i) {
-    const ops::FusedStep& st = now.steps[i];
+    const ops::FusedStep st = now.renumbered(g.steps[now.from[i]]);
     sources[i] = 0;
     for (int j = 0; j < st.num_in; ++j) {
       const std::int32_t r = st.in[static_cast<std::size_t>(j)];
@@ -299,9 +303,10 @@ void record_selected(Group& g, std::uint64_t keep) {
   for (std::size_t i = 0; i < num_steps; ++i) {
     if ((keep & bit(now.from[i])) != 0) p->kept[i] = g.outs[now.from[i]];
   }
-  p->steps.assign(now.steps.begin(), now.steps.begin() + static_cast<std::ptrdiff_t>(num_steps));
+  p->steps.clear();
+  for (std::size_t i = 0; i < num_steps; ++i) p->steps.push_back(now.renumbered(g.steps[now.from[i]]));
   p->ext.clear();
-  for (std::size_t k = 0; k < num_ext; ++k) p->ext.push_back(*now.ext[k]);
+  for (std::size_t k = 0; k < num_ext; ++k) p->ext.push_back(g.ext[now.ext_from[k]]);
   p->domain = g.domain;
   name_of(g, now, g.name);
   engine::PushOptions o;
@@ -370,7 +375,7 @@ void flush_locked(Group& g, Flush how = Flush::kAll, const Storage* wanted = nul
     const StatePtr& out = g.outs[later.from[k]];
     if (out && (keep & bit(later.from[k])) == 0) still[num_still++] = out->storage.get();
   }
-  for (std::size_t k = 0; k < later.num_ext; ++k) still[num_still++] = (*later.ext[k])->storage.get();
+  for (std::size_t k = 0; k < later.num_ext; ++k) still[num_still++] = g.ext[later.ext_from[k]]->storage.get();
   std::size_t num_touched = 0;
   for (Storage* s : g.touched) {
     if (std::find(still.begin(), still.begin() + static_cast<std::ptrdiff_t>(num_still), s) !=
@@ -389,27 +394,28 @@ void flush_locked(Group& g, Flush how = Flush::kAll, const Storage* wanted = nul
     g.open.store(false, std::memory_order_relaxed);
     return;
   }
-  // The group becomes the selection (copies first: it reads the vectors).
-  std::array<StatePtr, kMaxSteps> outs;
-  std::array<StatePtr, kMaxInputs> ext;
-  std::array<const char*, kMaxSteps> names;
-  // A result recorded now that a result staying reads is computed again,
-  // into scratch: its step keeps no array (a later op that reads the array
-  // reads what was written, and whatever was written into it since).
+  // The group becomes the selection, compacted in place (a selected step
+  // or input moves only to a lower index). A result recorded now that a
+  // result staying reads is computed again, into scratch: its step keeps
+  // no array (a later op that reads the array reads what was written, and
+  // whatever was written into it since).
   for (std::size_t k = 0; k < later.num_steps; ++k) {
-    if ((keep & bit(later.from[k])) == 0) outs[k] = std::move(g.outs[later.from[k]]);
-    names[k] = g.names[later.from[k]];
+    const std::size_t j = later.from[k];
+    g.steps[k] = later.renumbered(g.steps[j]);
+    if ((keep & bit(j)) != 0) {
+      g.outs[k].reset();
+    } else if (k != j) {
+      g.outs[k] = std::move(g.outs[j]);
+    }
+    g.names[k] = g.names[j];
   }
-  for (std::size_t k = 0; k < later.num_ext; ++k) ext[k] = *later.ext[k];
-  g.steps.assign(later.steps.begin(), later.steps.begin() + static_cast<std::ptrdiff_t>(later.num_steps));
-  g.outs.clear();
-  g.ext.clear();
-  g.names.clear();
-  for (std::size_t k = 0; k < later.num_steps; ++k) {
-    g.outs.push_back(std::move(outs[k]));
-    g.names.push_back(names[k]);
+  g.steps.resize(later.num_steps);
+  g.outs.resize(later.num_steps);
+  g.names.resize(later.num_steps);
+  for (std::size_t k = 0; k < later.num_ext; ++k) {
+    if (k != later.ext_from[k]) g.ext[k] = std::move(g.ext[later.ext_from[k]]);
   }
-  for (std::size_t k = 0; k < later.num_ext; ++k) g.ext.push_back(std::move(ext[k]));
+  g.ext.resize(later.num_ext);
 }
 
 // The calling thread's group, returned to the registry (recorded first)

@@ -58,6 +58,7 @@ struct Group {
   std::vector<StatePtr> ext;   // external inputs
   std::vector<Storage*> touched;
   std::vector<const char*> names;  // step i's op
+  std::uint64_t stayed = 0;        // bit i: step i's result was held and stayed at a flush
   std::string name;                // the recorded node's, built at each flush
 };
 
@@ -355,9 +356,13 @@ void flush_locked(Group& g, Flush how = Flush::kAll, const Storage* wanted = nul
   if (how == Flush::kHeld) {
     keep = 0;
   } else if (how == Flush::kWanted) {
+    // The result accessed, and the held results that already stayed at an
+    // earlier flush: they outlived their expression, so they are more than
+    // temporaries, and are written now rather than computed again later
+    // (a result is computed twice at most).
     std::size_t w = 0;
     while (w < num_steps && (!g.outs[w] || g.outs[w]->storage.get() != wanted)) ++w;
-    if (w < num_steps) keep = bit(w);
+    if (w < num_steps) keep = bit(w) | (held & g.stayed);
   }
   // The results that stay are gathered again from the group's inputs,
   // never from a result recorded now: the access that settles it may be an
@@ -365,7 +370,10 @@ void flush_locked(Group& g, Flush how = Flush::kAll, const Storage* wanted = nul
   const std::uint64_t stay = held & ~keep;
   Selection later;
   if (stay != 0) select(g, closure(g, stay), later);
-  if (keep == 0 && later.num_steps == num_steps) return;  // nothing to record or drop
+  if (keep == 0 && later.num_steps == num_steps) {  // nothing to record or drop
+    g.stayed = stay;
+    return;
+  }
   if (keep != 0) record_selected(g, keep);
   // Recorded (or nothing to compute: no result is held): the storages the
   // group no longer reads or writes need not settle.
@@ -387,6 +395,7 @@ void flush_locked(Group& g, Flush how = Flush::kAll, const Storage* wanted = nul
   }
   g.touched.resize(num_touched);
   if (later.num_steps == 0) {
+    g.stayed = 0;
     g.steps.clear();
     g.outs.clear();
     g.ext.clear();
@@ -399,8 +408,10 @@ void flush_locked(Group& g, Flush how = Flush::kAll, const Storage* wanted = nul
   // result staying reads is computed again, into scratch: its step keeps
   // no array (a later op that reads the array reads what was written, and
   // whatever was written into it since).
+  g.stayed = 0;
   for (std::size_t k = 0; k < later.num_steps; ++k) {
     const std::size_t j = later.from[k];
+    if ((stay & bit(j)) != 0) g.stayed |= bit(k);
     g.steps[k] = later.renumbered(g.steps[j]);
     if ((keep & bit(j)) != 0) {
       g.outs[k].reset();

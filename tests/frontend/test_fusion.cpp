@@ -199,6 +199,27 @@ TEST_CASE("a result read within its expression leaves the expression's temporari
   CHECK(nd::memory_in_use() == base);
 }
 
+TEST_CASE("held results that stayed gathered through one read are written with the next") {
+  if (default_device().kind != DeviceKind::kCpu) return;  // memory_in_use counts host memory
+  FusionScope on(true);
+  NDArray x = nd::full({1 << 18}, 1.0);  // 1 MiB
+  nd::waitall();
+  const std::int64_t base = nd::memory_in_use();
+  const std::int64_t mib = std::int64_t{1} << 20;
+  NDArray a = x * 2.0;
+  NDArray b = a + 1.0;
+  NDArray c = b * 3.0;
+  NDArray d = nd::exp(x);
+  c.wait_to_read();  // c alone: a, b and d stay gathered
+  CHECK(nd::memory_in_use() - base == (fusing() ? 1 : 4) * mib);
+  b.wait_to_read();  // b, and a and d, which stayed through the read of c
+  CHECK(nd::memory_in_use() - base == 4 * mib);
+  CHECK(a.to_vector<float>()[0] == 2.0F);
+  CHECK(b.to_vector<float>()[1] == 3.0F);
+  CHECK(c.to_vector<float>()[2] == 9.0F);
+  CHECK(std::abs(d.to_vector<float>()[3] - 2.7182817F) < 1e-6F);
+}
+
 TEST_CASE("a held result that stays gathered keeps its inputs' values") {
   FusionScope on(true);
   NDArray x = nd::full({1000}, 2.0);

@@ -226,7 +226,10 @@ void unary(ops::UnaryOp op, const NDArray& x, const NDArray& out) {
       });
       return;
     case U::kRelu:
-      attach(name, out, {&x}, {x}, [](const NDArray& g, const std::vector<NDArray>& s, auto&) {
+      // The mask from the result: relu(x) > 0 exactly where x > 0 (NaN and
+      // zeros of either sign are not), and saving the result rather than x
+      // leaves a fused pre-activation unwritten.
+      attach(name, out, {&x}, {out}, [](const NDArray& g, const std::vector<NDArray>& s, auto&) {
         return std::vector<NDArray>{g * mask(s[0] > 0.0, s[0].dtype())};
       });
       return;

@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <charconv>
 #include <cstdlib>
 #include <deque>
 #include <iostream>
@@ -70,6 +71,30 @@ constexpr std::size_t kMaxSteps = 32;
 constexpr std::size_t kMaxInputs = 16;
 
 std::atomic<int> g_enabled{-1};  // -1: not read from the environment yet
+
+// Groups over fewer elements than this write every held result whenever
+// one is needed (Flush::kAll): their arrays stay in cache, where a store
+// costs less than the node a later flush would add. Over the 256-element
+// arrays of the tour's lesson 3 (err = X w - y read by a reduction of
+// err * err, then by a matmul), recording err apart from err * err was
+// one more node a step, and the lesson's ratio fell from 1.01-1.14 to
+// 0.79-1.01 (two alternated runs each). 64K elements is 256 KiB of
+// float32: a store of that much costs about as much as several nodes.
+// LAZYDAG_FUSION_SELECT_ELEMENTS sets it (0: always select).
+std::int64_t select_elements() {
+  static const std::int64_t n = [] {
+    const char* s = std::getenv("LAZYDAG_FUSION_SELECT_ELEMENTS");
+    if (s == nullptr || *s == '\0') return std::int64_t{1} << 16;
+    const std::string_view text(s);
+    std::int64_t v = 0;
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+    if (ec != std::errc() || end != text.data() + text.size() || v < 0) {
+      throw InvalidArgument("LAZYDAG_FUSION_SELECT_ELEMENTS='" + std::string(text) + "' is not an integer >= 0");
+    }
+    return v;
+  }();
+  return n;
+}
 
 struct Registry {
   std::mutex mu;
@@ -346,6 +371,7 @@ void record_selected(Group& g, std::uint64_t keep) {
 // pass over memory each (docs/architecture.md, "What is materialised").
 void flush_locked(Group& g, Flush how = Flush::kAll, const Storage* wanted = nullptr) {
   if (!g.open.load(std::memory_order_relaxed)) return;
+  if (how != Flush::kAll && numel(g.domain) < select_elements()) how = Flush::kAll;
   const std::size_t num_steps = g.steps.size();
   // The group's reference and at least one more: a handle holds it.
   std::uint64_t held = 0;

@@ -163,6 +163,26 @@ TEST_CASE("views, copies and structure ops pass gradients through") {
                  {{{4}}});
 }
 
+TEST_CASE("relu's mask comes from its result: NaN and zeros of either sign pass no gradient") {
+  NDArray x = nd::array<double>({-1.0, -0.0, 0.0, 2.0, std::nan(""), 3.0}, {6});
+  x.requires_grad(true);
+  NDArray h = nd::relu(x);
+  h.sum().backward();
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{0, 0, 0, 1, 0, 1});
+  // Its result is saved, so writing it in place before backward is refused,
+  // as in PyTorch; writing x is not.
+  NDArray y = nd::random_normal({4}, default_device(), 5, 0.0, 1.0, DType::kFloat64);
+  y.requires_grad(true);
+  NDArray r = nd::relu(y);
+  r += 1.0;
+  CHECK_THROWS_AS(r.sum().backward(), InvalidArgument);
+  NDArray z = nd::random_normal({4}, default_device(), 6, 0.0, 1.0, DType::kFloat64);
+  z.requires_grad(true);
+  NDArray q = nd::relu(z);
+  z.detach() += 1.0;
+  CHECK_NOTHROW(q.sum().backward());
+}
+
 TEST_CASE("matmul gradients, 2-D and batched") {
   check_gradient("matmul", [](auto& x) { return nd::matmul(x[0], x[1]); }, {{{3, 4}}, {{4, 2}}});
   check_gradient("matmul of views", [](auto& x) { return nd::matmul(x[0].transpose(), x[1]); },

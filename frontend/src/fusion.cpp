@@ -299,9 +299,13 @@ void record_selected(Group& g, std::uint64_t keep) {
   }
   // Which reads each step's result is computed from: a failed input then
   // fails only the results that depend on it, as the separate ops would.
+  // The program's steps are renumbered once, here, and read below.
+  ProgramHandle p;
+  p->steps.clear();
+  for (std::size_t i = 0; i < num_steps; ++i) p->steps.push_back(now.renumbered(g.steps[now.from[i]]));
   std::array<std::uint64_t, kMaxSteps> sources;
   for (std::size_t i = 0; i < num_steps; ++i) {
-    const ops::FusedStep st = now.renumbered(g.steps[now.from[i]]);
+    const ops::FusedStep& st = p->steps[i];
     sources[i] = 0;
     for (int j = 0; j < st.num_in; ++j) {
       const std::int32_t r = st.in[static_cast<std::size_t>(j)];
@@ -324,13 +328,10 @@ void record_selected(Group& g, std::uint64_t keep) {
     write_sources[num_writes] = sources[i];
     ++num_writes;
   }
-  ProgramHandle p;
   p->kept.resize(num_steps);
   for (std::size_t i = 0; i < num_steps; ++i) {
     if ((keep & bit(now.from[i])) != 0) p->kept[i] = g.outs[now.from[i]];
   }
-  p->steps.clear();
-  for (std::size_t i = 0; i < num_steps; ++i) p->steps.push_back(now.renumbered(g.steps[now.from[i]]));
   p->ext.clear();
   for (std::size_t k = 0; k < num_ext; ++k) p->ext.push_back(g.ext[now.ext_from[k]]);
   p->domain = g.domain;

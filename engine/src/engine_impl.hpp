@@ -108,7 +108,10 @@ class EngineImpl {
 
   // ---- record.cpp: recorder lock held unless said otherwise
   void check_not_in_op(std::string_view call) const;
-  void add_edge(Node* pred, Node* n);
+  // pred -> n, unless pred is done or an edge already; returns whether the
+  // edge was made. With `give`, the caller's ref on pred becomes the edge's
+  // when it returns true (else the caller still holds it).
+  bool add_edge(Node* pred, Node* n, bool give = false);
   void link(Node* n, std::span<VarState* const> pure_reads, std::span<VarState* const> writes);
   void record(Node* n);
   void request(Node* n);
@@ -265,10 +268,10 @@ class EngineImpl {
   void reload_done() noexcept;
   static constexpr std::uint32_t kPeakSample = 64;
 
-  // Statistics of completions, one cache line per shard; a thread keeps to
-  // one shard (relaxed: statistics).
+  // Statistics of failed and skipped completions, one cache line per shard;
+  // a thread keeps to one shard (relaxed: statistics). Nodes run are the
+  // completed count less the skipped.
   struct alignas(64) RunCounts {
-    std::atomic<std::uint64_t> run{0};
     std::atomic<std::uint64_t> failed{0};
     std::atomic<std::uint64_t> skipped{0};
   };
@@ -307,7 +310,7 @@ class EngineImpl {
   std::atomic<std::uint64_t> nodes_launched_{0};
   std::atomic<std::uint64_t> in_flight_stalls_{0};
   std::array<std::atomic<std::uint64_t>, kBlockingCallKinds> blocking_calls_{};
-  std::atomic<std::uint64_t> blocked_ns_{0};
+  std::atomic<std::uint64_t> blocked_ticks_{0};  // TickClock ticks
 
   // Stream devices: sim(0..7) then gpu(0..7). `devices_` is written once per
   // slot under devices_mu_ (creation may be slow: CUDA initialisation) and

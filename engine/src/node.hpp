@@ -164,6 +164,7 @@ struct Node {
   std::vector<ErrorPtr> write_errors;
   Node* grave_next = nullptr;       // EngineImpl::graveyard_
   bool failed = false;  // its function threw
+  bool run_here = false;  // claimed by claim_now without a ref (cleared by finish_node)
   bool launch_failed = false;  // stream node: launch threw, nothing was enqueued
   // Profiler timestamps (ns), set only while the profiler runs.
   std::uint64_t t_push = 0;

@@ -40,8 +40,8 @@ void EngineImpl::delete_var(Var v, bool by_owner) {
   vars_.retire(s);
 }
 
-void EngineImpl::add_edge(Node* pred, Node* n) {
-  if (n->preds.contains(pred)) return;
+bool EngineImpl::add_edge(Node* pred, Node* n, bool give) {
+  if (n->preds.contains(pred)) return false;
   // A predecessor not yet requested ([rec], like this call) holds its
   // "until requested" count: it is not ready, running, launched or done,
   // and only a recorder (this one, under the recorder lock) touches its
@@ -55,18 +55,19 @@ void EngineImpl::add_edge(Node* pred, Node* n) {
     // thread that completed it may still hold (acquire: pairs with the
     // completion's store of kDone, after the node's effects, as the load
     // under the lock).
-    if (pred->state.load(std::memory_order_acquire) == NodeState::kDone) return;
+    if (pred->state.load(std::memory_order_acquire) == NodeState::kDone) return false;
     g.lock();
     st = pred->state.load(std::memory_order_acquire);
-    if (st == NodeState::kDone) return;
+    if (st == NodeState::kDone) return false;
   }
   n->preds.push_back(pred);
-  NodePool::retain(pred);
+  if (!give) NodePool::retain(pred);
   // A launched producer satisfies a launch edge already: n's stream waits
   // for its event (kept alive by the ref above).
-  if (launch_edge(pred, n) && st == NodeState::kLaunched) return;
+  if (launch_edge(pred, n) && st == NodeState::kLaunched) return true;
   pred->succs.push_back(n);
   n->pending.fetch_add(1, std::memory_order_relaxed);
+  return true;
 }
 
 void EngineImpl::link(Node* n, std::span<VarState* const> pure_reads,
@@ -90,13 +91,14 @@ void EngineImpl::link(Node* n, std::span<VarState* const> pure_reads,
     NodePool::retain(n);
   }
   for (VarState* s : writes) {
-    if (s->last_writer != nullptr) {
-      add_edge(s->last_writer, n);  // write after write
+    // The var's refs on its last writer and readers, which it drops here,
+    // become the edges' refs when the edges are made: a release and a
+    // retain fewer per edge.
+    if (s->last_writer != nullptr && !add_edge(s->last_writer, n, true)) {  // write after write
       pool_.release(s->last_writer);
     }
     for (Node* r : s->readers) {
-      add_edge(r, n);  // write after read
-      pool_.release(r);
+      if (!add_edge(r, n, true)) pool_.release(r);  // write after read
     }
     s->readers.clear();
     s->prune_at = 8;

@@ -21,6 +21,7 @@
 #include <unordered_set>
 
 #include "profiler_internal.hpp"
+#include "tick_clock.hpp"
 
 namespace lazydag::engine::detail {
 
@@ -72,16 +73,17 @@ std::string_view state_name(const Node* n) {
 class BlockingScope {
  public:
   BlockingScope(std::array<std::atomic<std::uint64_t>, kBlockingCallKinds>& calls,
-                std::atomic<std::uint64_t>& blocked_ns, const CallSite& site)
-      : calls_(calls), blocked_ns_(blocked_ns), site_(site) {
+                std::atomic<std::uint64_t>& blocked_ticks, const CallSite& site)
+      : calls_(calls), blocked_ticks_(blocked_ticks), site_(site) {
     detail::sync_debug_enter(site);
-    t0_ = std::chrono::steady_clock::now();
+    t0_ = TickClock::now();
   }
   ~BlockingScope() {
-    const auto ns = static_cast<std::uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0_).count());
+    const std::uint64_t ticks = TickClock::since(t0_);
     calls_[static_cast<std::size_t>(site_.kind)].fetch_add(1, std::memory_order_relaxed);
-    blocked_ns_.fetch_add(ns, std::memory_order_relaxed);
+    blocked_ticks_.fetch_add(ticks, std::memory_order_relaxed);
+    if (sync_debug() == SyncDebug::kOff && !profiler::detail::on()) return;
+    const std::uint64_t ns = TickClock::to_ns(ticks);
     detail::sync_debug_exit(site_, ns);
     if (profiler::detail::on()) {
       const std::uint64_t end = profiler::detail::now_ns();
@@ -95,9 +97,9 @@ class BlockingScope {
 
  private:
   std::array<std::atomic<std::uint64_t>, kBlockingCallKinds>& calls_;
-  std::atomic<std::uint64_t>& blocked_ns_;
+  std::atomic<std::uint64_t>& blocked_ticks_;
   const CallSite& site_;
-  std::chrono::steady_clock::time_point t0_;
+  std::uint64_t t0_ = 0;
 };
 
 void EngineImpl::wake_waiters() noexcept {
@@ -428,7 +430,7 @@ void EngineImpl::throttle_frontend() {
 
 void EngineImpl::wait_to_read(Var v, const CallSite& site) {
   check_not_in_op("wait_to_read");
-  BlockingScope scope(blocking_calls_, blocked_ns_, site);
+  BlockingScope scope(blocking_calls_, blocked_ticks_, site);
   record_mu_.lock();
   Node* t = nullptr;
   const VarState* vs = nullptr;
@@ -460,7 +462,7 @@ void EngineImpl::wait_to_read(Var v, const CallSite& site) {
 
 void EngineImpl::wait_to_write(Var v, const CallSite& site) {
   check_not_in_op("wait_to_write");
-  BlockingScope scope(blocking_calls_, blocked_ns_, site);
+  BlockingScope scope(blocking_calls_, blocked_ticks_, site);
   std::vector<Node*> targets;  // one ref each
   Node* writer = nullptr;
   const VarState* vs = nullptr;
@@ -497,7 +499,7 @@ void EngineImpl::wait_to_write(Var v, const CallSite& site) {
 
 void EngineImpl::waitall(const CallSite& site) {
   check_not_in_op("waitall");
-  BlockingScope scope(blocking_calls_, blocked_ns_, site);
+  BlockingScope scope(blocking_calls_, blocked_ticks_, site);
   wait_all_recorded(/*watchdog=*/true);
 }
 
@@ -549,11 +551,16 @@ EngineStats EngineImpl::stats() const {
   // Both parities' recorded counts are cumulative: their sum is every node recorded.
   s.nodes_recorded = static_cast<std::uint64_t>(rec_.by_epoch[0].load(std::memory_order_relaxed) +
                                                 rec_.by_epoch[1].load(std::memory_order_relaxed));
+  // Nodes run: completions less skipped ones. A node is counted as skipped
+  // just before it completes, so while nodes complete the difference may
+  // briefly fall short (never below 0); it is exact once they are done.
+  const auto completed = static_cast<std::uint64_t>(done_.by_epoch[0].load(std::memory_order_seq_cst) +
+                                                    done_.by_epoch[1].load(std::memory_order_seq_cst));
   for (const RunCounts& c : run_counts_) {
-    s.nodes_run += c.run.load(std::memory_order_relaxed);
     s.nodes_failed += c.failed.load(std::memory_order_relaxed);
     s.nodes_skipped += c.skipped.load(std::memory_order_relaxed);
   }
+  s.nodes_run = completed > s.nodes_skipped ? completed - s.nodes_skipped : 0;
   s.nodes_launched = nodes_launched_.load(std::memory_order_relaxed);
   s.in_flight_stalls = in_flight_stalls_.load(std::memory_order_relaxed);
   s.unfinished = unfinished();
@@ -562,7 +569,7 @@ EngineStats EngineImpl::stats() const {
     s.blocking_calls[k] = blocking_calls_[k].load(std::memory_order_relaxed);
     s.blocking_waits += s.blocking_calls[k];
   }
-  s.blocked_ns = blocked_ns_.load(std::memory_order_relaxed);
+  s.blocked_ns = TickClock::to_ns(blocked_ticks_.load(std::memory_order_relaxed));
   return s;
 }
 

@@ -194,8 +194,10 @@ class EngineImpl {
   // The recorder lock: recording (var table, linking, requests, the pending
   // window) and the lazy request of a wait's subgraph. Never taken by
   // completion or by workers, never held across user code.
-  mutable GraphMutex record_mu_;
-  NodePool pool_;
+  // Its own cache line: a line that workers write beside it (the node
+  // pool's returned stack was) made every lock a transfer between cores.
+  alignas(64) mutable GraphMutex record_mu_;
+  alignas(64) NodePool pool_;
   VarTable vars_{pool_, static_cast<std::uint32_t>(profile_id_)};
   std::uint64_t next_seq_ = 1;       // recorder lock
   Node* unreq_head_ = nullptr;       // recorder lock: the lazy window, record order
@@ -281,7 +283,7 @@ class EngineImpl {
 
   // Functions that ran on a worker or device thread, waiting to be
   // destroyed by a frontend thread (see bury()).
-  std::atomic<Node*> graveyard_{nullptr};
+  alignas(64) std::atomic<Node*> graveyard_{nullptr};
 
   // Scheduling.
   ReadyQueue<Node> queue_;  // one ref per entry

@@ -564,6 +564,39 @@ int main() {
     return t;
   }) / kChain * 1e9;
   std::printf("bench=engine workload=thread_roundtrip peer=condition_variable ns_per_roundtrip=%.1f\n", handoff);
+
+  // The floor of any hand-over between cores: one cache line bounced
+  // between two spinning threads (a store, then the other core's load sees
+  // it and answers). Handing a node to a worker moves several lines (the
+  // node, the queue slot, the output's bookkeeping, the graveyard) there
+  // and back, so a node whose work is below a few of these round trips is
+  // cheaper where it is recorded (docs/benchmarks.md).
+  constexpr int kTrips = 100000;
+  const double line_trip = median_seconds([&] {
+    alignas(64) std::atomic<int> word{0};
+    // Spins, yielding only when the other thread seems not to run (both on
+    // one core of a loaded machine).
+    auto await = [&](int value) {
+      for (unsigned k = 0; word.load(std::memory_order_acquire) != value; ++k) {
+        if (k >= 4096) std::this_thread::yield();
+      }
+    };
+    std::thread other([&] {
+      for (int i = 0; i < kTrips; ++i) {
+        await(2 * i + 1);
+        word.store(2 * i + 2, std::memory_order_release);
+      }
+    });
+    auto t0 = Clock::now();
+    for (int i = 0; i < kTrips; ++i) {
+      word.store(2 * i + 1, std::memory_order_release);
+      await(2 * i + 2);
+    }
+    const double t = since(t0);
+    other.join();
+    return t;
+  }) / kTrips * 1e9;
+  std::printf("bench=engine workload=line_roundtrip peer=spinning_threads ns_per_roundtrip=%.1f\n", line_trip);
   for (int p = 0; p < 2; ++p) {
     std::printf("bench=engine workload=sim_chain_sync policy=%s threads=%d ratio_vs_roundtrip=%.2f\n",
                 p == 0 ? "lazy" : "eager", threads, stream_ns[static_cast<std::size_t>(p)][1] / handoff);
@@ -586,5 +619,7 @@ int main() {
   }
   std::printf("%-16s %4s %14.1f  (two threads that sleep between turns: the wake-up cost behind sim_chain_sync)\n",
               "thread_roundtrip", "-", handoff);
+  std::printf("%-16s %4s %14.1f  (one cache line bounced between two spinning threads: the floor of a hand-over)\n",
+              "line_roundtrip", "-", line_trip);
   return 0;
 }

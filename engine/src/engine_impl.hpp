@@ -115,6 +115,9 @@ class EngineImpl {
   void link(Node* n, std::span<VarState* const> pure_reads, std::span<VarState* const> writes);
   void record(Node* n);
   void request(Node* n);
+  // `requested`, and off the unrequested list (request() without its
+  // decrement of `pending`).
+  void mark_requested(Node* n);
 
   // ---- schedule.cpp: no lock held
   void make_ready(Node* n);

@@ -168,19 +168,23 @@ void EngineImpl::record(Node* n) {
 // traversal stops at requested nodes.
 void EngineImpl::request(Node* n) {
   if (n->requested) return;
-  n->requested = true;
-  if (n->in_unrequested) {
-    n->in_unrequested = false;
-    (n->unreq_prev != nullptr ? n->unreq_prev->unreq_next : unreq_head_) = n->unreq_next;
-    (n->unreq_next != nullptr ? n->unreq_next->unreq_prev : unreq_tail_) = n->unreq_prev;
-    --unreq_count_;
-  }
+  mark_requested(n);
   if (n->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {
     if (!batching_) {
       make_ready(n);
       return;
     }
     add_ready(ready_batch_, n);
+  }
+}
+
+void EngineImpl::mark_requested(Node* n) {
+  n->requested = true;
+  if (n->in_unrequested) {
+    n->in_unrequested = false;
+    (n->unreq_prev != nullptr ? n->unreq_prev->unreq_next : unreq_head_) = n->unreq_next;
+    (n->unreq_next != nullptr ? n->unreq_next->unreq_prev : unreq_tail_) = n->unreq_prev;
+    --unreq_count_;
   }
 }
 

@@ -303,6 +303,37 @@ void EngineImpl::wait_node(Node* target) {
     record_mu_.unlock();
     return;
   }
+  // A CPU node that is ready and the newest queued (typically pushed just
+  // before this wait): its inputs are all done, so running it here is the
+  // whole wait. Taken off the queue and claimed directly, with no waiter
+  // slot, tag or help list; a wait that finds it claimed elsewhere (from
+  // another wait's help list) goes the general way below.
+  // Lazy: an unrequested CPU node whose only count left is "until
+  // requested" (its inputs are done, and its push has dropped its record
+  // guard). Requesting it takes `pending` to 0, so this thread owns it and
+  // runs it at once, as a completion runs a bypassed successor.
+  if (target->sdev == nullptr && !target->async && !target->requested &&
+      target->pending.load(std::memory_order_acquire) == 1) {
+    mark_requested(target);
+    const bool mine = target->pending.fetch_sub(1, std::memory_order_acq_rel) == 1;
+    record_mu_.unlock();
+    if (mine) {
+      run_chain(claim_now(target), -1, Bypass{});
+      return;
+    }
+    // Otherwise some count was left after all; whoever drops it makes the
+    // node ready, and the general way below waits for that.
+    record_mu_.lock();
+  }
+  if (target->sdev == nullptr && !target->async && queue_.remove_newest(target)) {
+    record_mu_.unlock();
+    if (claim(target)) {
+      run_chain(target, -1, Bypass{});  // the queue entry's ref, dropped by finish_node
+      return;
+    }
+    pool_.release(target);  // the queue entry's ref
+    record_mu_.lock();
+  }
   const std::uint32_t tag = register_waiter(WaitMode::kNode);
   target->waiters.fetch_add(1, std::memory_order_seq_cst);
   if (tag != 0) waiters_[tag - 1].idle.store(true, std::memory_order_seq_cst);  // traversal's first ready node is ours

@@ -110,9 +110,12 @@ class EngineImpl {
   void check_not_in_op(std::string_view call) const;
   // pred -> n, unless pred is done or an edge already; returns whether the
   // edge was made. With `give`, the caller's ref on pred becomes the edge's
-  // when it returns true (else the caller still holds it).
-  bool add_edge(Node* pred, Node* n, bool give = false);
-  void link(Node* n, std::span<VarState* const> pure_reads, std::span<VarState* const> writes);
+  // when it returns true (else the caller still holds it). `shared`: n is
+  // in a requested predecessor's successor list already (set here).
+  bool add_edge(Node* pred, Node* n, bool give, bool& shared);
+  // Adds n's edges and makes it the vars' last writer or a reader; returns
+  // the refs the vars now hold on n (not yet counted in n->refs).
+  std::uint32_t link(Node* n, std::span<VarState* const> pure_reads, std::span<VarState* const> writes);
   void record(Node* n);
   void request(Node* n);
   // `requested`, and off the unrequested list (request() without its

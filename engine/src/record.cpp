@@ -40,7 +40,7 @@ void EngineImpl::delete_var(Var v, bool by_owner) {
   vars_.retire(s);
 }
 
-bool EngineImpl::add_edge(Node* pred, Node* n, bool give) {
+bool EngineImpl::add_edge(Node* pred, Node* n, bool give, bool& shared) {
   if (n->preds.contains(pred)) return false;
   // A predecessor not yet requested ([rec], like this call) holds its
   // "until requested" count: it is not ready, running, launched or done,
@@ -66,14 +66,24 @@ bool EngineImpl::add_edge(Node* pred, Node* n, bool give) {
   // for its event (kept alive by the ref above).
   if (launch_edge(pred, n) && st == NodeState::kLaunched) return true;
   pred->succs.push_back(n);
-  n->pending.fetch_add(1, std::memory_order_relaxed);
+  // Until n is in a requested predecessor's successor list, whose
+  // completion may decrement its count meanwhile, only this recorder
+  // touches n->pending: a load and a store then, not a locked add.
+  if (shared) {
+    n->pending.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    n->pending.store(n->pending.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  }
+  if (pred->requested) shared = true;
   return true;
 }
 
-void EngineImpl::link(Node* n, std::span<VarState* const> pure_reads,
-                      std::span<VarState* const> writes) {
+std::uint32_t EngineImpl::link(Node* n, std::span<VarState* const> pure_reads,
+                               std::span<VarState* const> writes) {
+  bool shared = false;     // see add_edge
+  std::uint32_t refs = 0;  // the vars' refs on n, stored by push
   for (VarState* s : pure_reads) {
-    if (s->last_writer != nullptr) add_edge(s->last_writer, n);  // read after write
+    if (s->last_writer != nullptr) add_edge(s->last_writer, n, false, shared);  // read after write
     if (s->readers.size() >= s->prune_at) {
       // Drop finished readers so a var read forever does not grow forever.
       std::uint32_t kept = 0;
@@ -88,23 +98,24 @@ void EngineImpl::link(Node* n, std::span<VarState* const> pure_reads,
       s->prune_at = std::max<std::uint32_t>(8, kept * 2);
     }
     s->readers.push_back(n);
-    NodePool::retain(n);
+    ++refs;
   }
   for (VarState* s : writes) {
     // The var's refs on its last writer and readers, which it drops here,
     // become the edges' refs when the edges are made: a release and a
     // retain fewer per edge.
-    if (s->last_writer != nullptr && !add_edge(s->last_writer, n, true)) {  // write after write
+    if (s->last_writer != nullptr && !add_edge(s->last_writer, n, true, shared)) {  // write after write
       pool_.release(s->last_writer);
     }
     for (Node* r : s->readers) {
-      if (!add_edge(r, n, true)) pool_.release(r);  // write after read
+      if (!add_edge(r, n, true, shared)) pool_.release(r);  // write after read
     }
     s->readers.clear();
     s->prune_at = 8;
     s->last_writer = n;
-    NodePool::retain(n);
+    ++refs;
   }
+  return refs;
 }
 
 void EngineImpl::reload_done() noexcept {
@@ -135,7 +146,6 @@ bool EngineImpl::recorder_over_window(std::size_t factor) noexcept {
 
 void EngineImpl::record(Node* n) {
   n->seq = next_seq_++;
-  NodePool::retain(n);  // the unfinished ref, dropped by its completion
   n->live = true;
   n->epoch = static_cast<std::uint8_t>(waitall_epoch_ & 1);
   // Recorders are serialised: load and store, no read-modify-write.
@@ -302,8 +312,14 @@ void EngineImpl::push(Function fn, std::span<const Var> reads, std::span<const V
     n->writes.push_back(s);
     if (sdev != nullptr) VarTable::hold(s);
   }
-  link(n, std::span<VarState* const>(pure_reads.begin(), pure_reads.size()),
-       std::span<VarState* const>(ws.begin(), ws.size()));
+  // The node's refs: the vars' (link) and the unfinished one, dropped by
+  // its completion. Stored at once: until the recorder lock is released
+  // nobody else can reach the node's count (a completion that reaches it
+  // through a successor list cannot make it ready while push holds its
+  // record guard in `pending`), so no locked add per ref.
+  const std::uint32_t refs = link(n, std::span<VarState* const>(pure_reads.begin(), pure_reads.size()),
+                                  std::span<VarState* const>(ws.begin(), ws.size()));
+  n->refs.store(refs + 1, std::memory_order_relaxed);
   if (sdev != nullptr) n->stream = choose_stream(n, options.stream);
   record(n);
   if (profiling) {

@@ -83,6 +83,59 @@ TEST_SUITE("engine") {
     }
   }
 
+  // A wait on a node just pushed may run it on the waiting thread without
+  // the waiter machinery (lazy: its inputs done; eager: the newest queue
+  // entry). Other threads wait on the same var meanwhile, so the owner's
+  // claim races with their help lists and the workers: every round's node
+  // runs once, and every wait sees its write.
+  TEST_CASE("Concurrency.WaitsRacingOnAJustPushedNode" * doctest::timeout(180)) {
+    for (const auto& cfg : all_configs()) {
+      CAPTURE(cfg.str());
+      Engine eng(cfg.options());
+      Var v = eng.new_var();
+      constexpr int kRounds = 3000;
+      std::atomic<std::uint64_t> value{0};
+      std::atomic<int> round{0};
+      std::atomic<int> stale{0};
+      std::vector<std::thread> readers;
+      for (int t = 0; t < 3; ++t) {
+        readers.emplace_back([&] {
+          for (int seen = 0; seen < kRounds;) {
+            const int r = round.load(std::memory_order_acquire);
+            if (r == seen) {
+              std::this_thread::yield();
+              continue;
+            }
+            eng.wait_to_read(v);  // round r's node was recorded before `round` said r
+            if (value.load(std::memory_order_relaxed) < static_cast<std::uint64_t>(r)) stale.fetch_add(1);
+            seen = r;
+          }
+        });
+      }
+      const std::thread::id me = std::this_thread::get_id();
+      std::atomic<int> ran_here{0};
+      for (int i = 1; i <= kRounds; ++i) {
+        eng.push(
+            [&](const RunContext&) {
+              value.fetch_add(1, std::memory_order_relaxed);
+              if (std::this_thread::get_id() == me) ran_here.fetch_add(1, std::memory_order_relaxed);
+            },
+            {v}, {v});
+        round.store(i, std::memory_order_release);
+        eng.wait_to_read(v);
+        CHECK(value.load(std::memory_order_relaxed) == static_cast<std::uint64_t>(i));
+      }
+      for (auto& th : readers) th.join();
+      eng.waitall();
+      CHECK(stale.load() == 0);
+      CHECK(value.load() == kRounds);
+      CHECK(eng.stats().nodes_run == kRounds);
+      // Nothing else can start an unrequested node: under lazy the waiting
+      // recorder, or a reader's wait, runs every one (none on a worker).
+      if (cfg.policy == Policy::kLazy) CHECK(ran_here.load() > 0);
+    }
+  }
+
   TEST_CASE("Concurrency.OpsMayRecordMoreOps" * doctest::timeout(60)) {
     for (const auto& cfg : all_configs()) {
       CAPTURE(cfg.str());

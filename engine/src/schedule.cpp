@@ -473,8 +473,8 @@ Node* EngineImpl::complete(Node* n, Bypass bypass) {
     n->t_push = n->t_ready = n->t_start = n->t_end = n->t_launch_start = n->t_launch_end = 0;
   }
   // Nodes that ran are counted by the completion count below, less the
-  // skipped ones: a counter of its own was a locked add on every node.
-  // Counted before the node is done, so a wait sees its own node counted.
+  // skipped ones: a counter of their own was a locked add on every node.
+  // Failures and skips are counted before the node is done.
   if (n->failed) {
     run_counts().failed.fetch_add(1, std::memory_order_relaxed);
     std::lock_guard g(errors_mu_);

@@ -303,11 +303,8 @@ void EngineImpl::wait_node(Node* target) {
     record_mu_.unlock();
     return;
   }
-  // A CPU node that is ready and the newest queued (typically pushed just
-  // before this wait): its inputs are all done, so running it here is the
-  // whole wait. Taken off the queue and claimed directly, with no waiter
-  // slot, tag or help list; a wait that finds it claimed elsewhere (from
-  // another wait's help list) goes the general way below.
+  // Two targets that can run at once, here, with no waiter slot, tag or
+  // help list: running them is the whole wait.
   // Lazy: an unrequested CPU node whose only count left is "until
   // requested" (its inputs are done, and its push has dropped its record
   // guard). Requesting it takes `pending` to 0, so this thread owns it and
@@ -325,6 +322,10 @@ void EngineImpl::wait_node(Node* target) {
     // node ready, and the general way below waits for that.
     record_mu_.lock();
   }
+  // Eager: a ready CPU node that is the newest queue entry (typically
+  // pushed just before this wait): its inputs are done. Taken off the queue
+  // and claimed; if another wait claimed it first (from its help list), the
+  // general way below waits for it.
   if (target->sdev == nullptr && !target->async && queue_.remove_newest(target)) {
     record_mu_.unlock();
     if (claim(target)) {

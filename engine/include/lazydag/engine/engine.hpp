@@ -184,7 +184,7 @@ struct CallSite {
 /// Counters since construction (consistent snapshot).
 struct EngineStats {
   std::uint64_t nodes_recorded = 0;
-  std::uint64_t nodes_run = 0;      ///< functions that ran (and returned or threw)
+  std::uint64_t nodes_run = 0;      ///< functions that ran (and returned or threw); counted as each node completes: exact once waitall() returns, while a node a wait_to_read() just saw done may be counted a moment later
   std::uint64_t nodes_failed = 0;   ///< functions that threw
   std::uint64_t nodes_skipped = 0;  ///< not run because an input was poisoned
   std::uint64_t nodes_launched = 0;  ///< nodes enqueued on a stream device

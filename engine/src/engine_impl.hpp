@@ -202,8 +202,9 @@ class EngineImpl {
   // completion or by workers, never held across user code.
   // Its own cache line: a line that workers write beside it (the node
   // pool's returned stack was) made every lock a transfer between cores.
+  // (The pool's returned stack has a line of its own too.)
   alignas(64) mutable GraphMutex record_mu_;
-  alignas(64) NodePool pool_;
+  NodePool pool_;
   VarTable vars_{pool_, static_cast<std::uint32_t>(profile_id_)};
   std::uint64_t next_seq_ = 1;       // recorder lock
   Node* unreq_head_ = nullptr;       // recorder lock: the lazy window, record order

@@ -10,17 +10,15 @@
 
 #include <lazydag/engine/engine.hpp>
 
+#include "tick_clock.hpp"
+
 namespace lazydag::profiler::detail {
 
 extern std::atomic<bool> g_on;
 
 inline bool on() noexcept { return g_on.load(std::memory_order_relaxed); }
 
-inline std::uint64_t now_ns() noexcept {
-  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                        std::chrono::steady_clock::now().time_since_epoch())
-                                        .count());
-}
+inline std::uint64_t now_ns() noexcept { return engine::detail::TickClock::steady_ns(); }
 
 struct NodeEvent {
   std::uint64_t engine = 0;  // distinguishes engines' node ids

@@ -41,13 +41,14 @@ class TickClock {
     return static_cast<std::uint64_t>(static_cast<double>(ticks) * ns_per_tick());
   }
 
- private:
+  /// steady_clock's reading in nanoseconds (also the profiler's clock).
   static std::uint64_t steady_ns() noexcept {
     return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                           std::chrono::steady_clock::now().time_since_epoch())
                                           .count());
   }
 
+ private:
 #if defined(__x86_64__)
   static bool invariant_tsc() noexcept {
     static const bool yes = [] {

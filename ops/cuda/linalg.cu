@@ -3,24 +3,86 @@
 // transposes and transposed views are read with CUBLAS_OP_T.
 // One cuBLAS handle per stream (see handle_for): creating one per call costs
 // far more than a launch.
+//
+// cuBLAS is loaded by the first GPU matmul, not linked: linked, libcublasLt's
+// initialisers ran in every process at start, GPU or not (a program that
+// adds two numbers on the CPU took 0.41-0.56 s and 27,000 page faults to
+// start, 72% of its samples in the loader's call_init, under perf record).
 #include "common.cuh"
 
 #include <lazydag/ops/shape.hpp>
 
 #include <cublas_v2.h>
+#include <dlfcn.h>
 
 #include <map>
 #include <mutex>
 #include <string>
+#include <type_traits>
 
 namespace lazydag::ops::cuda {
 
 namespace {
 
+// The cuBLAS entry points the matmul uses, with the types of their
+// declarations in cublas_v2.h (the _v2 names are what its macros call).
+struct Cublas {
+  std::string path;
+  decltype(&cublasCreate_v2) create = nullptr;
+  decltype(&cublasSetStream_v2) set_stream = nullptr;
+  decltype(&cublasDestroy_v2) destroy = nullptr;
+  decltype(&cublasSgemmStridedBatched) sgemm = nullptr;
+  decltype(&cublasDgemmStridedBatched) dgemm = nullptr;
+  decltype(&cublasGetStatusName) status_name = nullptr;
+  decltype(&cublasGetStatusString) status_string = nullptr;
+};
+
+// The cuBLAS of the headers' major version: by its soname (the loader's
+// search: LD_LIBRARY_PATH, the cache, this library's runpath), else beside
+// the CUDA runtime this library runs with. Never unloaded.
+Cublas load_cublas() {
+  const std::string soname = "libcublas.so." + std::to_string(CUBLAS_VER_MAJOR);
+  void* lib = dlopen(soname.c_str(), RTLD_NOW | RTLD_LOCAL);
+  std::string why;
+  if (lib == nullptr) {
+    why = dlerror();
+    Dl_info info{};
+    if (dladdr(reinterpret_cast<void*>(&cudaGetDevice), &info) != 0 && info.dli_fname != nullptr) {
+      std::string beside = info.dli_fname;
+      beside = beside.substr(0, beside.find_last_of('/') + 1) + soname;
+      lib = dlopen(beside.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (lib == nullptr) why += "; " + std::string(dlerror());
+    }
+  }
+  if (lib == nullptr) throw BackendUnavailable("matmul on a gpu device needs cuBLAS: " + why);
+  Cublas api;
+  char resolved[4096] = {};
+  api.path = dlinfo(lib, RTLD_DI_ORIGIN, resolved) == 0 ? std::string(resolved) + "/" + soname : soname;
+  auto sym = [&](auto& fn, const char* name) {
+    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
+    if (fn == nullptr) throw BackendUnavailable(api.path + " has no " + name + " (cuBLAS too old for these headers?)");
+  };
+  sym(api.create, "cublasCreate_v2");
+  sym(api.set_stream, "cublasSetStream_v2");
+  sym(api.destroy, "cublasDestroy_v2");
+  sym(api.sgemm, "cublasSgemmStridedBatched");
+  sym(api.dgemm, "cublasDgemmStridedBatched");
+  sym(api.status_name, "cublasGetStatusName");
+  sym(api.status_string, "cublasGetStatusString");
+  return api;
+}
+
+// Loaded once; a failed load throws and is tried again by the next call.
+const Cublas& cublas() {
+  static const Cublas api = load_cublas();
+  return api;
+}
+
 void check_cublas(cublasStatus_t st, const char* what) {
   if (st != CUBLAS_STATUS_SUCCESS) {
+    const Cublas& b = cublas();
     throw CudaError(static_cast<int>(st),
-                    std::string(what) + " failed: " + cublasGetStatusName(st) + " (" + cublasGetStatusString(st) + ")",
+                    std::string(what) + " failed: " + b.status_name(st) + " (" + b.status_string(st) + ")",
                     CudaError::Library::kCublas);
   }
 }
@@ -43,11 +105,12 @@ cublasHandle_t handle_for(cudaStream_t stream) {
   if (it != handles.end()) return it->second;
   // Cached only once it is bound to the stream: a failed create or set
   // leaves no null handle, and no handle on the legacy stream, behind.
+  const Cublas& b = cublas();
   cublasHandle_t h = nullptr;
-  check_cublas(cublasCreate(&h), "cublasCreate");
-  const cublasStatus_t st = cublasSetStream(h, stream);
+  check_cublas(b.create(&h), "cublasCreate");
+  const cublasStatus_t st = b.set_stream(h, stream);
   if (st != CUBLAS_STATUS_SUCCESS) {
-    (void)cublasDestroy(h);
+    (void)b.destroy(h);
     check_cublas(st, "cublasSetStream");
   }
   handles.emplace(std::pair{device, stream}, h);
@@ -55,6 +118,8 @@ cublasHandle_t handle_for(cudaStream_t stream) {
 }
 
 }  // namespace
+
+std::string load_blas() { return cublas().path; }
 
 void matmul(void* stream, const TensorView& a, const TensorView& b, const TensorView& out) {
   const bool batched = a.shape.size() == 3;
@@ -90,7 +155,7 @@ void matmul(void* stream, const TensorView& a, const TensorView& b, const Tensor
     const float* pa = static_cast<const float*>(a.data) + a.offset;
     const float* pb = static_cast<const float*>(b.data) + b.offset;
     float* pc = static_cast<float*>(out.data) + out.offset;
-    check_cublas(cublasSgemmStridedBatched(h, op_b, op_a, N, M, K, &one, pb, ldb, lb.batch_stride, pa, lda,
+    check_cublas(cublas().sgemm(h, op_b, op_a, N, M, K, &one, pb, ldb, lb.batch_stride, pa, lda,
                                            la.batch_stride, &zero, pc, N, m * n, static_cast<int>(batch)),
                  "cublasSgemmStridedBatched");
   } else {
@@ -99,7 +164,7 @@ void matmul(void* stream, const TensorView& a, const TensorView& b, const Tensor
     const double* pa = static_cast<const double*>(a.data) + a.offset;
     const double* pb = static_cast<const double*>(b.data) + b.offset;
     double* pc = static_cast<double*>(out.data) + out.offset;
-    check_cublas(cublasDgemmStridedBatched(h, op_b, op_a, N, M, K, &one, pb, ldb, lb.batch_stride, pa, lda,
+    check_cublas(cublas().dgemm(h, op_b, op_a, N, M, K, &one, pb, ldb, lb.batch_stride, pa, lda,
                                            la.batch_stride, &zero, pc, N, m * n, static_cast<int>(batch)),
                  "cublasDgemmStridedBatched");
   }

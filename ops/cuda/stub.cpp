@@ -28,5 +28,6 @@ void random_uniform(void*, const TensorView&, std::uint64_t, double, double) { u
 void random_normal(void*, const TensorView&, std::uint64_t, double, double) { unavailable(); }
 void memcpy_async(void*, void*, const void*, std::size_t, int) { unavailable(); }
 void memcpy_peer_async(void*, void*, int, const void*, int, std::size_t) { unavailable(); }
+std::string load_blas() { unavailable(); }
 
 }  // namespace lazydag::ops::cuda

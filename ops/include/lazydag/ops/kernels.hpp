@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdint>
 #include <span>
+#include <string>
 
 #include <lazydag/engine/engine.hpp>
 #include <lazydag/ops/dtype.hpp>
@@ -179,6 +180,7 @@ void where(void* stream, const TensorView& cond, const TensorView& a, const Tens
 void copy_cast(void* stream, const TensorView& a, const TensorView& out);
 void reduce(void* stream, ReduceOp op, const TensorView& a, bool all, int axis, const TensorView& out);
 /// cuBLAS (a handle per stream), row-major via the transposed product.
+/// cuBLAS is loaded by the first call (see load_blas), not at process start.
 void matmul(void* stream, const TensorView& a, const TensorView& b, const TensorView& out);
 /// At most 32 steps and 16 inputs (the frontend's group limits).
 void fused(void* stream, std::span<const FusedStep> steps, std::span<const TensorView> inputs,
@@ -193,6 +195,10 @@ void random_normal(void* stream, const TensorView& out, std::uint64_t seed, doub
 void memcpy_async(void* stream, void* dst, const void* src, std::size_t bytes, int kind);
 void memcpy_peer_async(void* stream, void* dst, int dst_device, const void* src, int src_device,
                        std::size_t bytes);
+/// Loads cuBLAS if no GPU matmul has yet (it needs no GPU) and returns the
+/// path of the library loaded; throws BackendUnavailable when it cannot be
+/// loaded or lacks an entry point the matmul calls.
+std::string load_blas();
 }  // namespace cuda
 
 }  // namespace lazydag::ops

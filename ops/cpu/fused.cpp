@@ -396,6 +396,17 @@ void fused(std::span<const FusedStep> steps, std::span<const TensorView> inputs,
            std::span<const TensorView> outputs, const Shape& domain) {
   const std::int64_t n = numel(domain);
   if (n == 0 || steps.empty()) return;
+  // One step (an op that found nothing to fuse with, recorded alone: most
+  // often one a wait needs at once) is the unfused op's kernel on the same
+  // views, without the tile loop's set-up: on one-element arrays that set-up
+  // cost more than the op.
+  if (steps.size() == 1 && outputs[0].data != nullptr) {
+    const FusedStep& s = steps[0];
+    const TensorView* in[3] = {nullptr, nullptr, nullptr};
+    for (int j = 0; j < s.num_in; ++j) in[j] = &inputs[static_cast<std::size_t>(-1 - s.in[static_cast<std::size_t>(j)])];
+    run_step(s, in, outputs[0]);
+    return;
+  }
   // Flat when every input has a period over the domain's flat index and the
   // segments the periods cut are long enough that a row function's call
   // costs little beside its work. Otherwise tiles are ranges of rows (the

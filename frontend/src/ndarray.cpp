@@ -969,7 +969,14 @@ void record_host_kernel(const char* name, const std::vector<NDArray>& reads, con
 
 namespace nd {
 
-engine::Engine& engine() { return engine::Engine::get(); }
+engine::Engine& engine() {
+  static const bool blas_quiet = [] {
+    ops::cpu::stop_idle_blas_threads();
+    return true;
+  }();
+  (void)blas_quiet;
+  return engine::Engine::get();
+}
 std::int64_t memory_in_use() noexcept { return detail::g_bytes.load(std::memory_order_relaxed); }
 std::int64_t device_memory_in_use(Device dev) {
   if (!dev.is_stream_device()) return memory_in_use();

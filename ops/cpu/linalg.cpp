@@ -45,6 +45,30 @@ void single_threaded_blas() {
   std::call_once(once, [] { openblas_set_num_threads(1); });
 }
 
+}  // namespace
+}  // namespace lazydag::ops::cpu
+
+// OpenBLAS's own (common_thread.h), exported by its pthread build, whose
+// fork handler calls it: stops its server threads, which its next threaded
+// call starts again. Weak: the serial and OpenMP builds have none.
+extern "C" __attribute__((weak)) int blas_thread_shutdown_(void);
+
+namespace lazydag::ops::cpu {
+
+// OpenBLAS's pthread build starts a server thread per core but one when it
+// is loaded, and each polls for work (sched_yield in a loop) for about
+// 0.1 s of CPU before it sleeps: in every process linked against lazydag,
+// a core taken from the engine at start, where a benchmark's first
+// figures are measured. The engine never needs them (BLAS runs
+// single-threaded here, see above).
+void stop_idle_blas_threads() noexcept {
+  static std::atomic<bool> done{false};
+  if (done.exchange(true, std::memory_order_relaxed)) return;
+  if (blas_thread_shutdown_ != nullptr) (void)blas_thread_shutdown_();
+}
+
+namespace {
+
 #if defined(LAZYDAG_ONEDNN)
 // oneDNN generates its sgemm kernels at its first call (about 50 ms) and
 // keeps them in function-local statics. Static objects made after the

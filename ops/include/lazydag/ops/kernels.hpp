@@ -58,6 +58,11 @@ void unary(UnaryOp op, const TensorView& a, const TensorView& out);
 /// "avx512f", "avx2", "sse2" (the widest the CPU has, capped by
 /// LAZYDAG_VMATH_ISA=avx2 or sse2), or "scalar" off x86-64.
 [[nodiscard]] const char* vector_math_isa() noexcept;
+/// Stops the threads OpenBLAS's pthread build starts when it is loaded,
+/// which poll for work for about 0.1 s of CPU before they sleep (a threaded
+/// BLAS call starts them again); the first call only. nd::engine() calls it
+/// when it is first used.
+void stop_idle_blas_threads() noexcept;
 /// out = op(a, b) with a and b broadcast to out.shape; one dtype throughout.
 void binary(BinaryOp op, const TensorView& a, const TensorView& b, const TensorView& out);
 /// out = op(a, scalar) (or op(scalar, a) when scalar_first).

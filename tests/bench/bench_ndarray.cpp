@@ -13,6 +13,10 @@
 #include "../counting_new.hpp"
 #include "bench_util.hpp"
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -49,6 +53,29 @@ std::map<std::string, double> numpy_peer(int argc, char** argv) {
   }
   return ms;
 }
+
+#if defined(__x86_64__) && defined(__GNUC__)
+// SLEEF's AVX-512 exp, the one the kernels call on such a CPU; declared as
+// ops/cpu/vmath.cpp does (sleef.h declares it only when compiling for
+// AVX-512).
+extern "C" __attribute__((target("avx512f"))) __m512 Sleef_expf16_u10avx512f(__m512);
+
+// sigmoid(x * w + b) over len elements as one loop, 16 lanes at a time with
+// the kernels' vector exp: the fused sigmoid's ceiling on this CPU (the
+// plain loop's std::exp is scalar libm).
+__attribute__((target("avx512f"))) void sigmoid_affine_avx512(const float* x, const float* w, const float* b, float* y,
+                                                             std::int64_t len) {
+  const __m512 one = _mm512_set1_ps(1.0F);
+  std::int64_t i = 0;
+  for (; i + 16 <= len; i += 16) {
+    const __m512 v =
+        _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(w + i)), _mm512_loadu_ps(b + i));
+    const __m512 e = Sleef_expf16_u10avx512f(_mm512_sub_ps(_mm512_setzero_ps(), v));
+    _mm512_storeu_ps(y + i, _mm512_div_ps(one, _mm512_add_ps(one, e)));
+  }
+  for (; i < len; ++i) y[i] = 1.0F / (1.0F + std::exp(-(x[i] * w[i] + b[i])));
+}
+#endif
 
 }  // namespace
 
@@ -354,6 +381,26 @@ int main(int argc, char** argv) {
                       hand * 1e3);
           std::printf("bench=ndarray workload=fused_%s ratio_vs_handfused=%.2f handfused_speedup_vs_unfused=%.2f\n",
                       w_name, on / hand, off / hand);
+#if defined(__x86_64__) && defined(__GNUC__)
+          if (std::string(e.name) == "sigmoid" && __builtin_cpu_supports("avx512f")) {
+            // The same loop with the kernels' vector exp: what one pass of
+            // this expression costs at best here, exp's arithmetic included.
+            const double vec = median_seconds([&] {
+              split2([&](std::int64_t lo, std::int64_t hi) {
+                for (std::int64_t r0 = lo; r0 < hi; r0 += period) {
+                  const std::int64_t j0 = rows ? 0 : r0;
+                  sigmoid_affine_avx512(vx.data() + r0, pw + j0, pbb + j0, vy.data() + r0,
+                                        std::min(period, hi - r0));
+                }
+              });
+            });
+            std::printf("bench=ndarray workload=fused_%s n=%lld peer=handfused_sleef_avx512_2threads ms=%.2f\n",
+                        w_name, ln, vec * 1e3);
+            std::printf("bench=ndarray workload=fused_%s ratio_vs_handfused_sleef=%.2f "
+                        "handfused_sleef_speedup_vs_unfused=%.2f\n",
+                        w_name, on / vec, off / vec);
+          }
+#endif
           if (auto it = numpy.find(name); it != numpy.end()) {
             std::printf("bench=ndarray workload=fused_%s n=%lld peer=numpy ms=%.2f\n", w_name, ln, it->second);
             std::printf("bench=ndarray workload=fused_%s ratio_vs_numpy=%.2f\n", w_name, on * 1e3 / it->second);

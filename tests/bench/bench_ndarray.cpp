@@ -117,6 +117,17 @@ int main(int argc, char** argv) {
     });
     std::printf("bench=ndarray workload=tiny_add allocs_per_op=%.2f\n",
                 static_cast<double>(allocations) / ops);
+    // The waited op with fusion on (the default): a group of one op, which
+    // the wait records. What fusion costs an op it finds nothing to fuse with.
+    nd::set_fusion(true);
+    const double sync_fused = median_seconds(
+        [&] {
+          for (int i = 0; i < ops; ++i) (x + 1.0).wait_to_read();
+        },
+        kTinyRepeats);
+    nd::set_fusion(false);
+    std::printf("bench=ndarray workload=tiny_add_sync fusion=on ns_per_op=%.0f ratio_vs_fusion_off=%.2f\n",
+                sync_fused / ops * 1e9, sync_fused / sync);
     // y = x + 1 with y dropped at once, waited for after each op or once,
     // over sizes around EngineOptions::inline_bytes (run it again with
     // LAZYDAG_INLINE_BYTES=0 to see every node handed to a worker).

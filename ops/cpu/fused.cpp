@@ -403,7 +403,9 @@ void fused(std::span<const FusedStep> steps, std::span<const TensorView> inputs,
   if (steps.size() == 1 && outputs[0].data != nullptr) {
     const FusedStep& s = steps[0];
     const TensorView* in[3] = {nullptr, nullptr, nullptr};
-    for (int j = 0; j < s.num_in; ++j) in[j] = &inputs[static_cast<std::size_t>(-1 - s.in[static_cast<std::size_t>(j)])];
+    for (int j = 0; j < s.num_in; ++j) {
+      in[j] = &inputs[static_cast<std::size_t>(-1 - s.in[static_cast<std::size_t>(j)])];
+    }
     run_step(s, in, outputs[0]);
     return;
   }

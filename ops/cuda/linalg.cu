@@ -5,9 +5,10 @@
 // far more than a launch.
 //
 // cuBLAS is loaded by the first GPU matmul, not linked: linked, libcublasLt's
-// initialisers ran in every process at start, GPU or not (a program that
-// adds two numbers on the CPU took 0.41-0.56 s and 27,000 page faults to
-// start, 72% of its samples in the loader's call_init, under perf record).
+// initialisers ran in every process at start, GPU or not (docs/devices.md:
+// docs/examples/embed ran in 0.53-0.56 s with 26,500 page faults instead
+// of 0.02 s with 720, and perf put 72% of a small program's samples in
+// the loader's call_init).
 #include "common.cuh"
 
 #include <lazydag/ops/shape.hpp>
@@ -44,14 +45,18 @@ Cublas load_cublas() {
   const std::string soname = "libcublas.so." + std::to_string(CUBLAS_VER_MAJOR);
   void* lib = dlopen(soname.c_str(), RTLD_NOW | RTLD_LOCAL);
   std::string why;
+  auto error = [] {
+    const char* e = dlerror();
+    return std::string(e != nullptr ? e : "unknown dlopen error");
+  };
   if (lib == nullptr) {
-    why = dlerror();
+    why = error();
     Dl_info info{};
     if (dladdr(reinterpret_cast<void*>(&cudaGetDevice), &info) != 0 && info.dli_fname != nullptr) {
       std::string beside = info.dli_fname;
       beside = beside.substr(0, beside.find_last_of('/') + 1) + soname;
       lib = dlopen(beside.c_str(), RTLD_NOW | RTLD_LOCAL);
-      if (lib == nullptr) why += "; " + std::string(dlerror());
+      if (lib == nullptr) why += "; " + error();
     }
   }
   if (lib == nullptr) throw BackendUnavailable("matmul on a gpu device needs cuBLAS: " + why);

@@ -969,13 +969,15 @@ void record_host_kernel(const char* name, const std::vector<NDArray>& reads, con
 
 namespace nd {
 
+// Called on every op: one guard check, and the engine's reference kept
+// here, not a call into the engine library per op. The first call also
+// stops OpenBLAS's idle threads.
 engine::Engine& engine() {
-  static const bool blas_quiet = [] {
+  static engine::Engine& e = []() -> engine::Engine& {
     ops::cpu::stop_idle_blas_threads();
-    return true;
+    return engine::Engine::get();
   }();
-  (void)blas_quiet;
-  return engine::Engine::get();
+  return e;
 }
 std::int64_t memory_in_use() noexcept { return detail::g_bytes.load(std::memory_order_relaxed); }
 std::int64_t device_memory_in_use(Device dev) {

@@ -59,7 +59,7 @@ void unary(UnaryOp op, const TensorView& a, const TensorView& out);
 /// LAZYDAG_VMATH_ISA=avx2 or sse2), or "scalar" off x86-64.
 [[nodiscard]] const char* vector_math_isa() noexcept;
 /// Stops the threads OpenBLAS's pthread build starts when it is loaded,
-/// which poll for work for about 0.1 s of CPU before they sleep (a threaded
+/// which poll for work for a while before they sleep (a threaded
 /// BLAS call starts them again); the first call only. nd::engine() calls it
 /// when it is first used.
 void stop_idle_blas_threads() noexcept;

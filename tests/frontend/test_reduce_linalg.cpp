@@ -2,6 +2,10 @@
 // batched), against double-precision reference loops on random inputs.
 #include "reference.hpp"
 
+#include <lazydag/ops/kernels.hpp>
+#include <oneapi/tbb/task_arena.h>
+
+#include <cstring>
 #include <limits>
 
 using namespace lazydag;
@@ -168,6 +172,70 @@ TEST_SUITE("ndarray") {
     const auto mr = b.mean(1).to_vector<double>();
     for (int i = 0; i < 4; ++i) CHECK(mr[static_cast<std::size_t>(i)] == doctest::Approx(rows[static_cast<std::size_t>(i)] / 7.0));
     CHECK_THROWS_AS((void)b.max(), InvalidArgument);  // still refused: no order on bool
+  }
+
+  TEST_CASE("Reduce.ResultsDoNotDependOnTheNumberOfThreads" * doctest::timeout(120)) {
+    // The CPU kernel called directly in arenas of 1 to 4 threads: the same
+    // bits each time (partials are combined in a fixed order). float64
+    // values of mixed magnitudes make a sum's last bits depend on the order
+    // of its additions; argmax's input has many ties (the first wins).
+    const std::int64_t rows = 2048;
+    const std::int64_t cols = 640;  // 1.3M elements: several parallel chunks
+    std::vector<double> v = random_values<double>(rows * cols, 41, -1.0, 1.0);
+    const std::vector<double> scale = random_values<double>(rows * cols, 42, -8.0, 8.0);
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = v[i] * std::pow(10.0, std::floor(scale[i]));
+    std::vector<double> ties(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) ties[i] = std::floor(v[i] / std::pow(10.0, 6.0));
+    const Shape shape{rows, cols};
+    const Strides strides{cols, 1};
+    struct Case {
+      ops::ReduceOp op;
+      const std::vector<double>* in;
+      bool all;
+      int axis;
+    };
+    const Case cases[] = {
+        {ops::ReduceOp::kSum, &v, true, 0},      {ops::ReduceOp::kSum, &v, false, 0},
+        {ops::ReduceOp::kSum, &v, false, 1},     {ops::ReduceOp::kMean, &v, true, 0},
+        {ops::ReduceOp::kMean, &v, false, 0},    {ops::ReduceOp::kMax, &v, true, 0},
+        {ops::ReduceOp::kMin, &v, false, 1},     {ops::ReduceOp::kArgmax, &ties, true, 0},
+        {ops::ReduceOp::kArgmax, &ties, false, 0}, {ops::ReduceOp::kArgmax, &ties, false, 1},
+    };
+    for (const Case& c : cases) {
+      CAPTURE(static_cast<int>(c.op));
+      CAPTURE(c.all);
+      CAPTURE(c.axis);
+      const std::int64_t out_n = c.all ? 1 : (c.axis == 0 ? cols : rows);
+      const DType out_type = c.op == ops::ReduceOp::kArgmax ? DType::kInt64 : DType::kFloat64;
+      const ops::TensorView in{const_cast<double*>(c.in->data()), DType::kFloat64, shape, strides, 0};
+      auto run = [&](int threads) {
+        std::vector<std::uint64_t> bits(static_cast<std::size_t>(out_n));
+        const ops::TensorView out{bits.data(), out_type, c.all ? Shape{} : Shape{out_n},
+                                  c.all ? Strides{} : Strides{1}, 0};
+        tbb::task_arena arena(threads);
+        arena.execute([&] { ops::cpu::reduce(c.op, in, c.all, c.axis, out); });
+        return bits;
+      };
+      const std::vector<std::uint64_t> one = run(1);
+      for (int threads : {2, 3, 4, 4, 4}) CHECK(run(threads) == one);
+      // And the same bits as the NDArray op under this run's engine.
+      NDArray a = nd::array(*c.in, shape);
+      NDArray r = apply(c.op == ops::ReduceOp::kSum    ? R::kSum
+                        : c.op == ops::ReduceOp::kMean ? R::kMean
+                        : c.op == ops::ReduceOp::kMax  ? R::kMax
+                        : c.op == ops::ReduceOp::kMin  ? R::kMin
+                                                       : R::kArgmax,
+                        a, c.all, c.axis, false);
+      std::vector<std::uint64_t> got(static_cast<std::size_t>(out_n));
+      if (out_type == DType::kInt64) {
+        const auto x = r.to_vector<std::int64_t>();
+        std::memcpy(got.data(), x.data(), got.size() * 8);
+      } else {
+        const auto x = r.to_vector<double>();
+        std::memcpy(got.data(), x.data(), got.size() * 8);
+      }
+      CHECK(got == one);
+    }
   }
 
   TEST_CASE("Linalg.MatmulMatchesReference" * doctest::timeout(180)) {

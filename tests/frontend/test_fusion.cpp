@@ -5,12 +5,19 @@
 #include "../counting_new.hpp"
 #include "reference.hpp"
 
+#include <lazydag/engine/graph.hpp>
+#include <lazydag/engine/profiler.hpp>
 #include <lazydag/ops/kernels.hpp>
 
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <future>
 #include <random>
 #include <thread>
+
+#include <unistd.h>
 
 using namespace lazydag;
 using namespace lazydag::test;
@@ -331,6 +338,38 @@ TEST_CASE("fused nodes are named by the ops they contain") {
   y.wait_to_read();
 }
 
+TEST_CASE("dump_graph and the profiler's trace name fused nodes by their ops") {
+  if (!fusing()) return;
+  FusionScope on(true);
+  NDArray x = nd::full({64}, 1.0);
+  nd::waitall();
+  const std::string name = "fused[mul,add,sigmoid]";
+  if (nd::engine().policy() == engine::Policy::kLazy) {
+    // Recorded, not run: the pending graph holds the fused node.
+    NDArray y = nd::sigmoid(x * 2.0 + 1.0);
+    nd::flush_fused();
+    std::ostringstream dot;
+    engine::write_dot(dot, engine::pending_graph(nd::engine()));
+    CHECK(dot.str().find("label=\"" + name + " #") != std::string::npos);
+    y.wait_to_read();
+  }
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("lazydag_fused_trace_" + std::to_string(::getpid()) + ".json"))
+          .string();
+  profiler::dump(path);  // drop whatever an earlier case left
+  profiler::start();
+  NDArray z = nd::sigmoid(x * 2.0 + 1.0);
+  z.wait_to_read();
+  nd::waitall();
+  profiler::stop();
+  profiler::dump(path);
+  std::ifstream in(path);
+  std::stringstream trace;
+  trace << in.rdbuf();
+  std::filesystem::remove(path);
+  CHECK(trace.str().find("\"" + name + "\"") != std::string::npos);
+}
+
 TEST_CASE("gradients through fused ops are those of the unfused ops") {
   auto grads = [](bool fused) {
     FusionScope scope(fused);
@@ -352,6 +391,32 @@ TEST_CASE("gradients through fused ops are those of the unfused ops") {
     CAPTURE(i);
     CHECK(fused[i] == unfused[i]);
   }
+}
+
+TEST_CASE("the backward pass of an elementwise chain is fused too") {
+  if (!fusing()) return;
+  // Nodes recorded by backward() alone, fused and not: the gradient of
+  // tanh(x * w + b) * 3 - 1 is a chain of elementwise ops.
+  auto backward_nodes = [](bool fused) {
+    FusionScope scope(fused);
+    NDArray x = random_array({32, 16}, DType::kFloat32, 21);
+    NDArray w = random_array({16}, DType::kFloat32, 22);
+    NDArray b = random_array({16}, DType::kFloat32, 23);
+    x.requires_grad(true);
+    NDArray y = (nd::tanh(x * w + b) * 3.0 - 1.0).sum();
+    nd::waitall();
+    const auto before = nd::engine().stats().nodes_recorded;
+    y.backward();
+    nd::flush_fused();
+    const auto recorded = nd::engine().stats().nodes_recorded - before;
+    return std::make_pair(recorded, bytes_of(x.grad()));
+  };
+  const auto [fused_nodes, fused_grad] = backward_nodes(true);
+  const auto [unfused_nodes, unfused_grad] = backward_nodes(false);
+  CAPTURE(fused_nodes);
+  CAPTURE(unfused_nodes);
+  CHECK(fused_nodes < unfused_nodes);
+  CHECK(fused_grad == unfused_grad);
 }
 
 TEST_CASE("a failed input fails only the fused results computed from it") {

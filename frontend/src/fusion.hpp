@@ -1,6 +1,6 @@
 // Lazy fusion of elementwise ops (docs/architecture.md, "Fusion"): each
-// thread keeps one open group of consecutive elementwise ops on a CPU or
-// sim device over one shape, recorded into the engine as one node when
+// thread keeps one open group of consecutive elementwise ops on one device
+// (CPU, sim or GPU) over one shape, recorded into the engine as one node when
 // something needs it. Results that no handle holds by then are never
 // allocated or stored.
 #pragma once

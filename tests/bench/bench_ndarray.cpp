@@ -291,7 +291,7 @@ int main(int argc, char** argv) {
       const double two = median_seconds([&] { split2(body); });
       report("sigmoid", 2.0 * n * 4, ours, one, two);
     }
-    // Fused expressions on 16M float32 (LAZYDAG_FUSION=0 for the unfused
+    // Fused expressions on 16M float32 (nd::set_fusion(false) for the unfused
     // figure, in the same run), beside NumPy on the same expressions. Two
     // operand forms: `rows`, a [16384, 1024] batch with per-feature
     // parameters of shape [1024] broadcast over it (a layer's case), and

@@ -164,7 +164,8 @@ struct EngineBench {
 
   // Per wait: push one write of a var that nothing else touches, then
   // wait_to_read it; averaged over kFreshWaits waits with `unrelated` nodes
-  // recorded and pending (lazy, unbounded window) the whole time.
+  // recorded (unbounded window): under lazy pending the whole time, under
+  // eager a chain the workers run meanwhile.
   static constexpr int kFreshWaits = 1000;
   double fresh_wait(int unrelated) {
     Var busy = vars[1];
@@ -408,11 +409,16 @@ int main() {
     bool is_default;
   };
   const EngineOptions defaults{};
-  const std::vector<Run> policy_runs = {
+  // The default policy with one worker fewer than the hardware threads
+  // (the frontend and the workers together one per core): the measurement
+  // behind EngineOptions::num_threads' default (docs/benchmarks.md, "How
+  // many workers").
+  std::vector<Run> policy_runs = {
       {Policy::kLazy, threads, false},
       {Policy::kEager, threads, false},
       {defaults.policy, defaults.num_threads, true},
   };
+  if (threads > 1) policy_runs.push_back({defaults.policy, threads - 1, false});
   std::vector<std::vector<double>> engine_ns;  // [policy run][workload]
   std::vector<std::string> run_names;
   for (const Run& run : policy_runs) {
@@ -433,7 +439,8 @@ int main() {
     };
     std::string who = "policy=" + std::string(to_string(run.policy)) + " threads=" +
                       std::to_string(windowed.eng.num_threads()) + (run.is_default ? " default=1" : "");
-    run_names.push_back(std::string(to_string(run.policy)) + (run.is_default ? "(default)" : ""));
+    run_names.push_back(std::string(to_string(run.policy)) +
+                        (run.is_default ? "(default)" : run.num_threads != threads ? "/" + std::to_string(run.num_threads) : ""));
     for (std::size_t i = 0; i < runs.size(); ++i) {
       double t = median_seconds(runs[i].second);
       double ns = t / peers[i].ops * 1e9;
@@ -457,6 +464,8 @@ int main() {
         std::printf("bench=engine workload=%s %s profiler=on ns_per_op=%.1f overhead_vs_off=%.2f\n",
                     runs[i].first, who.c_str(), on, on / engine_ns.back()[i]);
       }
+    }
+    if (run.policy == Policy::kLazy || run.is_default) {
       for (int unrelated : {1000, 10000, 100000, 1000000}) {
         double t = median_seconds([&] { return open.fresh_wait(unrelated); });
         std::printf("bench=engine workload=fresh_wait %s unrelated=%d ns_per_push_and_wait=%.1f\n",

@@ -121,8 +121,9 @@ struct PushOptions {
 /// and LAZYDAG_WATCHDOG (seconds).
 struct EngineOptions {
   Policy policy = Policy::kEager;
-  /// CPU workers; 0 = the hardware's concurrency (measured best on 2 cores:
-  /// a waiting frontend thread helps, idle workers leave their core).
+  /// CPU workers; 0 = the hardware's concurrency (measured against one
+  /// fewer on 2 cores: docs/benchmarks.md, "How many workers"; a waiting
+  /// frontend thread helps, idle workers leave their core).
   int num_threads = 0;
   /// Recorded nodes kept unstarted before the oldest is started; the engine
   /// also stalls a frontend that has twice this many nodes unfinished.

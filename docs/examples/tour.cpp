@@ -38,7 +38,7 @@ long peak_rss_mib() {
 
 // Lessons that compare two variants time each as the median of this many
 // runs, alternating the variants, so a noisy machine moves both alike.
-constexpr int kRepeats = 5;
+constexpr int kRepeats = 7;
 
 double median(std::vector<double> t) {
   std::sort(t.begin(), t.end());

@@ -90,6 +90,7 @@ class EngineImpl {
   void waitall(const CallSite& site);
   void wait_all_recorded(bool watchdog);
   void run_everything(const char* when) noexcept;
+  // introspect.cpp
   EngineStats stats() const;
   std::vector<PendingNode> pending_nodes();
   // streams.cpp
@@ -170,13 +171,13 @@ class EngineImpl {
   Node* ready_successor(Node* s, Node* kept, Bypass bypass);
   [[nodiscard]] bool can_bypass(Node* s, Bypass bypass) const;
   void execute(Node* n, const RunContext& ctx);
-  void trace(const Node* n) const;
   void notify_idle();
   void bury(Node* n) noexcept;
   void drain_graveyard() noexcept;
   void runner();
 
   // ---- streams.cpp
+  void device_done(Node* n);
   DeviceSlot& slot_of(const Device& d);
   int choose_stream(Node* n, StreamKind kind);  // recorder lock
   bool claim_stream(Node* n);
@@ -186,7 +187,6 @@ class EngineImpl {
   // ---- waits.cpp
   std::uint32_t register_waiter(WaitMode mode);
   void unregister_waiter(std::uint32_t tag, WaitMode mode);
-  void device_done(Node* n);
   void request_subgraph(Node* target, std::uint32_t tag);  // recorder lock
   void untag(Node* target, std::uint32_t tag);
   template <class Done>
@@ -195,7 +195,14 @@ class EngineImpl {
   void run_now_naive(Node* n);
   void throttle_frontend();
   void wake_waiters() noexcept;
+
+  // ---- errors.cpp
+  void note_failure(const Node* n);
+  void report_unreported();
+
+  // ---- introspect.cpp
   std::string describe_pending(Node* target);
+  void trace(const Node* n) const;
 
   // The recorder lock: recording (var table, linking, requests, the pending
   // window) and the lazy request of a wait's subgraph. Never taken by

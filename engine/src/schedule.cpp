@@ -14,6 +14,7 @@
 // The exit protocol and the enqueue check are a Dekker pair on seq_cst
 // operations (queue size, active_runners_), so ready work never strands.
 #include "engine_impl.hpp"
+#include "errors.hpp"
 
 #include <linux/futex.h>
 #include <sys/syscall.h>
@@ -307,23 +308,8 @@ bool EngineImpl::can_bypass(Node* s, Bypass bypass) const {
 }
 
 void EngineImpl::execute(Node* n, const RunContext& ctx) {
-  ErrorPtr err;
-  std::uint64_t failed_reads = 0;  // with write_sources: bit k, reads[k] failed
-  for (std::size_t k = 0; k < n->reads.size(); ++k) {
-    if (ErrorPtr p = n->reads[k]->poison) {
-      if (!err) err = p;  // skipped: inherits the failure
-      if (n->write_sources.empty()) break;
-      failed_reads |= std::uint64_t{1} << k;
-    }
-  }
-  // With write_sources, each write computed from a failed read fails with
-  // that read's error; the node runs if any write is still computable.
-  const bool per_write = err && !n->write_sources.empty();
-  if (per_write) {
-    bool computable = false;
-    for (std::uint64_t m : n->write_sources) computable = computable || (m & failed_reads) == 0;
-    if (computable) err = nullptr;
-  }
+  InputFailure input = input_failure(n);
+  ErrorPtr err = std::move(input.error);
   bool failed = false;
   // Still "inside the op" while its captures are destroyed: a destructor
   // that records (a freed array recording its var's deletion) must not wait.
@@ -367,22 +353,7 @@ void EngineImpl::execute(Node* n, const RunContext& ctx) {
     tls_running_engine = outer;
     return;
   }
-  if (per_write && !failed) {
-    n->write_errors.assign(n->writes.size(), nullptr);
-    for (std::size_t j = 0; j < n->writes.size(); ++j) {
-      if (const std::uint64_t m = n->write_sources[j] & failed_reads; m != 0) {
-        n->write_errors[j] = n->reads[static_cast<std::size_t>(std::countr_zero(m))]->poison;
-      }
-      n->writes[j]->poison = n->write_errors[j];
-    }
-  } else {
-    // A successful write clears it. Stored only when it changes: the var's
-    // line is the recorder's too, and a store of null over null moved it to
-    // this core on every node.
-    for (VarState* v : n->writes) {
-      if (v->poison != err) v->poison = err;
-    }
-  }
+  poison_writes(n, err, input, failed);
   if ((ctx.worker_index >= 0 || ctx.stream_device != nullptr) && !n->fn.trivially_destructible()) {
     bury(n);  // a worker or device thread: the frontend destroys the captures
   } else {
@@ -428,35 +399,6 @@ void EngineImpl::drain_graveyard() noexcept {
   tls_running_engine = outer;
 }
 
-void EngineImpl::trace(const Node* n) const {
-  profiler::detail::NodeEvent e;
-  e.engine = profile_id_;
-  e.id = n->seq;
-  e.name = n->name.str();
-  e.device = n->device;
-  e.worker = n->worker;
-  // A node recorded before the profiler started has only run times.
-  e.t_push = n->t_push != 0 ? n->t_push : n->t_start;
-  e.t_ready = n->t_ready != 0 ? n->t_ready : n->t_start;
-  e.t_start = n->t_start;
-  e.t_end = n->t_end;
-  if (n->sdev != nullptr) {
-    e.stream = n->stream;
-    e.compute_streams = n->sdev->num_compute_streams();
-    e.t_launch_start = n->t_launch_start;
-    e.t_launch_end = n->t_launch_end;
-  }
-  e.ids.reserve(n->reads.size() + n->writes.size() + n->preds.size());
-  for (const VarState* v : n->reads) e.ids.push_back(v->handle.index);
-  for (const VarState* v : n->writes) e.ids.push_back(v->handle.index);
-  for (const Node* p : n->preds) e.ids.push_back(p->seq);
-  e.num_reads = static_cast<std::uint16_t>(n->reads.size());
-  e.num_writes = static_cast<std::uint16_t>(n->writes.size());
-  e.failed = n->failed;
-  e.skipped = !n->failed && n->error != nullptr;
-  profiler::detail::record(std::move(e));
-}
-
 EngineImpl::RunCounts& EngineImpl::run_counts() noexcept {
   static std::atomic<std::size_t> next_shard{0};
   thread_local const std::size_t shard = next_shard.fetch_add(1, std::memory_order_relaxed) % kRunShards;
@@ -475,13 +417,7 @@ Node* EngineImpl::complete(Node* n, Bypass bypass) {
   // Nodes that ran are counted by the completion count below, less the
   // skipped ones: a counter of their own was a locked add on every node.
   // Failures and skips are counted before the node is done.
-  if (n->failed) {
-    run_counts().failed.fetch_add(1, std::memory_order_relaxed);
-    std::lock_guard g(errors_mu_);
-    unreported_.push_back(n->error);
-  } else if (n->error) {
-    run_counts().skipped.fetch_add(1, std::memory_order_relaxed);
-  }
+  if (n->error) note_failure(n);
   Node* next = nullptr;
   {
     std::lock_guard g(n->lock);

@@ -1,6 +1,8 @@
 // Waits: frontend threads that block until a node (or everything recorded
 // before them) is done, running ready work meanwhile (their own subgraph
-// first); the watchdog's report; errors; the introspection calls.
+// first); the watchdog; the pending window's stall; naive's run-now.
+// What a wait throws is errors.cpp; what the watchdog reports,
+// introspect.cpp.
 //
 // A waiting thread is a worker: it runs the nodes handed to its help list
 // (its required subgraph), then anything on the ready queue. With nothing
@@ -11,14 +13,13 @@
 // last check of its condition, so a bump in between makes the futex return
 // at once: no wake-up is lost.
 #include "engine_impl.hpp"
+#include "errors.hpp"
 
 #include <lazydag/engine/sync_debug.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <iostream>
-#include <sstream>
-#include <unordered_set>
 
 #include "profiler_internal.hpp"
 #include "tick_clock.hpp"
@@ -29,43 +30,6 @@ namespace {
 
 // How long a waiter with nothing to run spins (then yields) before parking.
 constexpr std::chrono::microseconds kWaitSpin{20};
-
-// The error a wait on var `v` written by done node `t` reports: v's own
-// when t computed several results from different inputs (write_sources),
-// else t's.
-ErrorPtr write_error(const Node* t, const VarState* v) {
-  if (!t->write_errors.empty()) {
-    for (std::size_t j = 0; j < t->writes.size(); ++j) {
-      if (t->writes[j] == v) return t->write_errors[j];
-    }
-  }
-  return t->error;
-}
-
-[[noreturn]] void throw_op_error(const ErrorRecord& e, std::size_t more) {
-  std::string suffix =
-      more == 0 ? std::string() : " (and " + std::to_string(more) + " more failed ops)";
-  // Rethrow the cause first so that OpError's nested_exception captures it.
-  try {
-    std::rethrow_exception(e.cause);
-  } catch (const std::exception& ex) {
-    throw OpError(e.op_name, ex.what() + suffix, e.cause);
-  } catch (...) {
-    throw OpError(e.op_name, "non-standard exception" + suffix, e.cause);
-  }
-}
-
-std::string_view state_name(const Node* n) {
-  switch (n->state.load(std::memory_order_acquire)) {
-    case NodeState::kRecorded: return n->requested ? "waiting for inputs" : "recorded (lazy)";
-    case NodeState::kReady: return "ready";
-    case NodeState::kDeferred: return "ready, held by its device's run-ahead bound";
-    case NodeState::kRunning: return n->sdev != nullptr ? "launching" : "running";
-    case NodeState::kLaunched: return "launched on its stream, not complete";
-    case NodeState::kDone: return "done";
-  }
-  return "?";
-}
 
 }  // namespace
 
@@ -357,70 +321,6 @@ void EngineImpl::wait_node(Node* target) {
   }
 }
 
-// The watchdog's report: the unfinished nodes a wait is blocked on (the
-// target's pending ancestors, or every unfinished node for waitall).
-std::string EngineImpl::describe_pending(Node* target) {
-  RecLock lk(record_mu_);
-  std::vector<Node*> nodes;  // one ref each
-  if (target != nullptr) {
-    std::vector<Node*> stack{target};
-    std::unordered_set<const Node*> seen{target};
-    NodePool::retain(target);
-    while (!stack.empty()) {
-      Node* n = stack.back();
-      stack.pop_back();
-      std::lock_guard g(n->lock);
-      if (n->state.load(std::memory_order_acquire) == NodeState::kDone) {
-        nodes.push_back(nullptr);
-        pool_.release(n);
-        continue;
-      }
-      nodes.push_back(n);
-      for (Node* p : n->preds) {
-        if (seen.insert(p).second) {
-          NodePool::retain(p);
-          stack.push_back(p);
-        }
-      }
-    }
-    nodes.erase(std::remove(nodes.begin(), nodes.end(), nullptr), nodes.end());
-  } else {
-    pool_.for_each([&](Node* n) {
-      std::lock_guard g(n->lock);  // a live node cannot complete meanwhile
-      if (n->live) {
-        NodePool::retain(n);
-        nodes.push_back(n);
-      }
-    });
-  }
-  std::sort(nodes.begin(), nodes.end(), [](const Node* a, const Node* b) { return a->seq < b->seq; });
-  std::ostringstream os;
-  os << "lazydag watchdog: a wait blocked for more than " << options_.watchdog_seconds << " s on "
-     << nodes.size() << " unfinished node(s):\n";
-  std::size_t shown = 0;
-  for (Node* n : nodes) {
-    if (++shown > 20) {
-      os << "  ... and " << nodes.size() - 20 << " more\n";
-      break;
-    }
-    os << "  #" << n->seq << " '" << n->name.view() << "' on " << n->device.str();
-    if (n->stream >= 0) os << " stream " << n->stream;
-    os << ": " << state_name(n);
-    const std::uint32_t pending = n->pending.load(std::memory_order_relaxed);
-    const std::uint32_t inputs = pending - (n->requested ? 0 : 1);
-    if (inputs != 0 && n->state.load(std::memory_order_relaxed) == NodeState::kRecorded) {
-      os << ", " << inputs << " input(s) pending";
-    }
-    os << "; reads";
-    for (const VarState* v : n->reads) os << " v" << v->handle.index;
-    os << "; writes";
-    for (const VarState* v : n->writes) os << " v" << v->handle.index;
-    os << '\n';
-  }
-  for (Node* n : nodes) pool_.release(n);
-  return os.str();
-}
-
 // naive: `n` (one ref owned by the caller, dropped here) runs on this
 // thread, and so does whatever its function (or a destructor inside it)
 // records, before push returns.
@@ -563,69 +463,7 @@ void EngineImpl::wait_all_recorded(bool watchdog) {
     std::cerr << report;
     throw WatchdogTimeout(report);
   }
-  // Report the oldest failure no wait has reported (deterministic across policies).
-  ErrorPtr first;
-  std::size_t count = 0;
-  {
-    std::lock_guard g(errors_mu_);
-    for (ErrorPtr& e : unreported_) {
-      if (e->reported.exchange(true, std::memory_order_relaxed)) continue;
-      ++count;
-      if (!first || e->seq < first->seq) first = e;
-    }
-    unreported_.clear();
-  }
-  if (first) throw_op_error(*first, count - 1);
-}
-
-EngineStats EngineImpl::stats() const {
-  EngineStats s;
-  // Both parities' recorded counts are cumulative: their sum is every node recorded.
-  s.nodes_recorded = static_cast<std::uint64_t>(rec_.by_epoch[0].load(std::memory_order_relaxed) +
-                                                rec_.by_epoch[1].load(std::memory_order_relaxed));
-  // Nodes run: completions less skipped ones. A node is counted as skipped
-  // just before it completes, so while nodes complete the difference may
-  // briefly fall short (never below 0); it is exact once they are done.
-  const auto completed = static_cast<std::uint64_t>(done_.by_epoch[0].load(std::memory_order_seq_cst) +
-                                                    done_.by_epoch[1].load(std::memory_order_seq_cst));
-  for (const RunCounts& c : run_counts_) {
-    s.nodes_failed += c.failed.load(std::memory_order_relaxed);
-    s.nodes_skipped += c.skipped.load(std::memory_order_relaxed);
-  }
-  s.nodes_run = completed > s.nodes_skipped ? completed - s.nodes_skipped : 0;
-  s.nodes_launched = nodes_launched_.load(std::memory_order_relaxed);
-  s.in_flight_stalls = in_flight_stalls_.load(std::memory_order_relaxed);
-  s.unfinished = unfinished();
-  s.peak_unfinished = rec_.peak_unfinished.load(std::memory_order_relaxed);
-  for (std::size_t k = 0; k < kBlockingCallKinds; ++k) {
-    s.blocking_calls[k] = blocking_calls_[k].load(std::memory_order_relaxed);
-    s.blocking_waits += s.blocking_calls[k];
-  }
-  s.blocked_ns = TickClock::to_ns(blocked_ticks_.load(std::memory_order_relaxed));
-  return s;
-}
-
-std::vector<PendingNode> EngineImpl::pending_nodes() {
-  RecLock lk(record_mu_);
-  std::vector<PendingNode> out;
-  pool_.for_each([&](Node* n) {
-    std::lock_guard ng(n->lock);  // a live node cannot complete (and be recycled) meanwhile
-    if (!n->live) return;
-    PendingNode p;
-    p.id = n->seq;
-    p.name = n->name.str();
-    p.device = n->device;
-    p.priority = n->priority;
-    p.requested = n->requested;
-    for (const Node* q : n->preds) {
-      if (q->state.load(std::memory_order_acquire) != NodeState::kDone) p.preds.push_back(q->seq);
-    }
-    for (const VarState* v : n->reads) p.reads.push_back(v->handle);
-    for (const VarState* v : n->writes) p.writes.push_back(v->handle);
-    out.push_back(std::move(p));
-  });
-  std::sort(out.begin(), out.end(), [](const PendingNode& a, const PendingNode& b) { return a.id < b.id; });
-  return out;
+  report_unreported();
 }
 
 }  // namespace lazydag::engine::detail

@@ -1,0 +1,70 @@
+// Error reporting: which wait throws which failure. A wait_to_read or
+// wait_to_write throws the error of the op that wrote the var it waited for
+// (that write's own, with write_sources) and marks it reported; waitall
+// throws the oldest failure no wait has reported, saying how many others
+// there were, and forgets them all. Failures are collected as nodes
+// complete, under a mutex of their own (failures are rare; nothing else
+// takes it). How errors propagate between nodes is errors.hpp.
+#include <mutex>
+#include <string>
+
+#include "engine_impl.hpp"
+#include "errors.hpp"
+
+namespace lazydag::engine::detail {
+
+// The error a wait on var `v` written by done node `t` reports: v's own
+// when t computed several results from different inputs (write_sources),
+// else t's.
+ErrorPtr write_error(const Node* t, const VarState* v) {
+  if (!t->write_errors.empty()) {
+    for (std::size_t j = 0; j < t->writes.size(); ++j) {
+      if (t->writes[j] == v) return t->write_errors[j];
+    }
+  }
+  return t->error;
+}
+
+[[noreturn]] void throw_op_error(const ErrorRecord& e, std::size_t more) {
+  std::string suffix =
+      more == 0 ? std::string() : " (and " + std::to_string(more) + " more failed ops)";
+  // Rethrow the cause first so that OpError's nested_exception captures it.
+  try {
+    std::rethrow_exception(e.cause);
+  } catch (const std::exception& ex) {
+    throw OpError(e.op_name, ex.what() + suffix, e.cause);
+  } catch (...) {
+    throw OpError(e.op_name, "non-standard exception" + suffix, e.cause);
+  }
+}
+
+// A node that failed or was skipped, as it completes: counted, and a
+// failure of its own kept for waitall.
+void EngineImpl::note_failure(const Node* n) {
+  if (n->failed) {
+    run_counts().failed.fetch_add(1, std::memory_order_relaxed);
+    std::lock_guard g(errors_mu_);
+    unreported_.push_back(n->error);
+  } else {
+    run_counts().skipped.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+// waitall's report: the oldest failure no wait has reported
+// (deterministic across policies), then none are kept.
+void EngineImpl::report_unreported() {
+  ErrorPtr first;
+  std::size_t count = 0;
+  {
+    std::lock_guard g(errors_mu_);
+    for (ErrorPtr& e : unreported_) {
+      if (e->reported.exchange(true, std::memory_order_relaxed)) continue;
+      ++count;
+      if (!first || e->seq < first->seq) first = e;
+    }
+    unreported_.clear();
+  }
+  if (first) throw_op_error(*first, count - 1);
+}
+
+}  // namespace lazydag::engine::detail

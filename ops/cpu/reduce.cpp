@@ -2,6 +2,7 @@
 // Deterministic: partial results are combined in a fixed order, whatever the
 // number of threads, so results never depend on the engine's configuration.
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <type_traits>
@@ -92,6 +93,98 @@ struct Partial {
   }
 };
 
+// max, min or argmax over the dense run x[i0, i1) into `p` (empty), with
+// the result of p.step over the run in order. kLanes independent lanes
+// keep their own extreme (a compare and a select per element, which the
+// compiler vectorises: no reassociation, each lane in order), and each
+// lane notes whether it saw a NaN; the extreme is then found among the
+// lanes and its first index by a second scan. Without NaNs the extreme's
+// value is the same whatever the order, and values that compare equal
+// have the same bits except the two zeros: a run holding a NaN, or whose
+// extreme is a zero (whose sign the first occurrence decides), takes the
+// element-by-element loop instead. Element by element, a max of 16M
+// float32 made a branch per element.
+template <class T>
+void extreme_run(ReduceOp op, const T* x, std::int64_t i0, std::int64_t i1, Partial<T>& p) {
+  // GCC's vector extension at the baseline's width (16 bytes: SSE2),
+  // kVecs of them side by side: kLanes values kept in registers.
+  typedef T Vec __attribute__((vector_size(16)));
+  constexpr std::int64_t kPer = 16 / sizeof(T);
+  constexpr std::int64_t kVecs = 4;
+  constexpr std::int64_t kLanes = kPer * kVecs;
+  auto scalar = [&] {
+    for (std::int64_t i = i0; i < i1; ++i) p.step(op, x[i], i);
+  };
+  if (i1 - i0 < 2 * kLanes) {
+    scalar();
+    return;
+  }
+  const bool min = op == ReduceOp::kMin;
+  Vec acc[kVecs];
+  std::memcpy(acc, x + i0, sizeof acc);
+  constexpr bool kFloat = std::is_floating_point_v<T>;
+  decltype(acc[0] != acc[0]) nan[kVecs] = {};  // lanes that saw a NaN (all bits set)
+  if constexpr (kFloat) {
+    for (std::int64_t q = 0; q < kVecs; ++q) nan[q] = acc[q] != acc[q];
+  }
+  std::int64_t i = i0 + kLanes;
+  const std::int64_t whole = i0 + (i1 - i0) / kLanes * kLanes;
+  auto scan = [&]<bool kMin>() {
+    for (; i < whole; i += kLanes) {
+      Vec v[kVecs];
+      std::memcpy(v, x + i, sizeof v);
+#pragma GCC unroll 4
+      for (std::int64_t q = 0; q < kVecs; ++q) {
+        if constexpr (kMin) {
+          acc[q] = v[q] < acc[q] ? v[q] : acc[q];
+        } else {
+          acc[q] = v[q] > acc[q] ? v[q] : acc[q];
+        }
+        if constexpr (kFloat) nan[q] |= v[q] != v[q];
+      }
+    }
+  };
+  if (min) {
+    scan.template operator()<true>();
+  } else {
+    scan.template operator()<false>();
+  }
+  T m = acc[0][0];
+  bool any_nan = false;
+  for (std::int64_t q = 0; q < kVecs; ++q) {
+    for (std::int64_t j = 0; j < kPer; ++j) {
+      const T a = acc[q][j];
+      m = min ? (a < m ? a : m) : (a > m ? a : m);
+      any_nan = any_nan || nan[q][j] != 0;
+    }
+  }
+  for (; i < i1; ++i) {
+    m = min ? (x[i] < m ? x[i] : m) : (x[i] > m ? x[i] : m);
+    if constexpr (kFloat) any_nan = any_nan || x[i] != x[i];
+  }
+  if constexpr (kFloat) {
+    if (any_nan || m == T{0}) {
+      scalar();
+      return;
+    }
+  }
+  // The first index of m: a block of kLanes at a time, then within it.
+  const Vec mv = Vec{} + m;
+  std::int64_t k = i0;
+  for (; k + kLanes <= i1; k += kLanes) {
+    Vec v[kVecs];
+    std::memcpy(v, x + k, sizeof v);
+    auto hit = v[0] == mv;
+    for (std::int64_t q = 1; q < kVecs; ++q) hit |= v[q] == mv;
+    std::uint64_t bits[2];
+    std::memcpy(bits, &hit, sizeof bits);
+    if ((bits[0] | bits[1]) != 0) break;
+  }
+  while (x[k] != m) ++k;
+  p.best = m;
+  p.index = k;
+}
+
 }  // namespace
 
 void reduce(ReduceOp op, const TensorView& a, bool all, int axis, const TensorView& out) {
@@ -145,7 +238,7 @@ void reduce(ReduceOp op, const TensorView& a, bool all, int axis, const TensorVi
                 part[c].sum = s0;
                 continue;
               }
-              for (; i < end; ++i) part[c].step(op, x[i], i);
+              extreme_run(op, x, i, end, part[c]);
             }
           };
           if (chunks == 1) {
@@ -201,7 +294,11 @@ void reduce(ReduceOp op, const TensorView& a, bool all, int axis, const TensorVi
           for (std::int64_t o = o0; o < o1; ++o) {
             const T* lane = x + (o / inner) * len * inner + o % inner;
             Partial<T> p;
-            for (std::int64_t k = 0; k < len; ++k) p.step(op, lane[k * inner], k);
+            if (inner == 1 && op != ReduceOp::kSum && op != ReduceOp::kMean) {
+              extreme_run(op, lane, 0, len, p);
+            } else {
+              for (std::int64_t k = 0; k < len; ++k) p.step(op, lane[k * inner], k);
+            }
             y[o] = p.template result<O>(op, len);
           }
         };

@@ -427,9 +427,44 @@ int main(int argc, char** argv) {
         }
       }
     }
-    const double sum = median_seconds([&] { (void)a.sum().item<float>(); });
-    std::printf("bench=ndarray workload=sum n=%lld lazydag_gbps=%.2f\n", static_cast<long long>(n),
-                n * 4.0 / sum * 1e-9);
+    // Reductions of the same 16M float32, beside plain loops over its
+    // values (each thread its half, then the halves combined): a sum in
+    // double as lazydag's, and the first index of the largest value.
+    {
+      double sums[2] = {};
+      const double ours = median_seconds([&] { (void)a.sum().item<float>(); });
+      auto body = [&](std::int64_t lo, std::int64_t hi) {
+        double acc = 0;
+        for (std::int64_t i = lo; i < hi; ++i) acc += va[i];
+        sums[lo == 0 ? 0 : 1] = acc;
+      };
+      const double one = median_seconds([&] { body(0, n); });
+      const double two = median_seconds([&] { split2(body); });
+      report("sum", n * 4.0, ours, one, two);
+    }
+    for (const bool arg : {false, true}) {
+      std::int64_t best[2] = {};
+      const double ours = median_seconds([&] {
+        if (arg) {
+          (void)a.argmax().item<std::int64_t>();
+        } else {
+          (void)a.max().item<float>();
+        }
+      });
+      auto body = [&](std::int64_t lo, std::int64_t hi) {
+        std::int64_t k = lo;
+        for (std::int64_t i = lo + 1; i < hi; ++i) {
+          if (va[i] > va[k]) k = i;
+        }
+        best[lo == 0 ? 0 : 1] = k;
+      };
+      const double one = median_seconds([&] { body(0, n); });
+      const double two = median_seconds([&] {
+        split2(body);
+        if (va[best[1]] > va[best[0]]) best[0] = best[1];
+      });
+      report(arg ? "argmax" : "max", n * 4.0, ours, one, two);
+    }
   }
 
   return 0;

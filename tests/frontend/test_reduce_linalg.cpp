@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <limits>
+#include <random>
 
 using namespace lazydag;
 using namespace lazydag::test;
@@ -235,6 +236,77 @@ TEST_SUITE("ndarray") {
         std::memcpy(got.data(), x.data(), got.size() * 8);
       }
       CHECK(got == one);
+    }
+  }
+
+  TEST_CASE("Reduce.MaxMinArgmaxKeepNaNZeroAndTieRules" * doctest::timeout(120)) {
+    // The vectorised scans against an element-by-element reference with
+    // NumPy's rules: the first NaN wins, then the extreme, and the first of
+    // equal values (so the sign of a zero is that of the first zero that is
+    // the extreme); over one lane and over the last axis, for lengths
+    // around the scan's width and across its parallel chunks.
+    auto check = [](auto zero, std::int64_t n, int pattern, std::uint32_t seed) {
+      using T = decltype(zero);
+      constexpr bool kFloat = std::is_floating_point_v<T>;
+      std::vector<T> v = random_values<T>(n, seed, -50, 50);
+      std::mt19937 rng(seed);
+      auto at = [&] { return static_cast<std::size_t>(rng() % static_cast<std::uint32_t>(n)); };
+      if (pattern == 1) {
+        for (auto& e : v) e = static_cast<T>(7);  // all equal
+      } else if (pattern == 2) {
+        const T top = static_cast<T>(60);
+        for (int k = 0; k < 3; ++k) v[at()] = top;  // ties of the max
+        v[at()] = static_cast<T>(-60);
+      } else if (pattern == 3 && kFloat) {
+        for (auto& e : v) e = e > 0 ? -e : e;  // every value <= 0, zeros of both signs
+        for (int k = 0; k < 4; ++k) v[at()] = (k % 2 == 0) ? T(-0.0) : T(0.0);
+      } else if (pattern == 4 && kFloat) {
+        v[at()] = std::numeric_limits<T>::quiet_NaN();
+        v[at()] = static_cast<T>(90);
+      }
+      auto reference = [&](const T* x, std::int64_t len, bool min) {
+        T best = x[0];
+        std::int64_t idx = 0;
+        for (std::int64_t i = 1; i < len; ++i) {
+          const bool nan = x[i] != x[i] && best == best;
+          if (nan || (min ? x[i] < best : x[i] > best)) {
+            best = x[i];
+            idx = i;
+          }
+        }
+        return std::make_pair(best, idx);
+      };
+      auto same_bits = [](T a, T b) { return std::memcmp(&a, &b, sizeof(T)) == 0; };
+      NDArray a = nd::array(v, {n});
+      const auto [mx, mx_i] = reference(v.data(), n, false);
+      const auto [mn, mn_i] = reference(v.data(), n, true);
+      CHECK(same_bits(a.max().template item<T>(), mx));
+      CHECK(same_bits(a.min().template item<T>(), mn));
+      CHECK(a.argmax().template item<std::int64_t>() == mx_i);
+      // The same values as rows of 2 (the last axis).
+      if (n % 2 == 0) {
+        NDArray r = a.reshape({2, n / 2});
+        const auto maxes = r.max(1, false).template to_vector<T>();
+        const auto mins = r.min(1, false).template to_vector<T>();
+        const auto args = r.argmax(1, false).template to_vector<std::int64_t>();
+        for (std::int64_t row = 0; row < 2; ++row) {
+          const T* x = v.data() + row * (n / 2);
+          CHECK(same_bits(maxes[static_cast<std::size_t>(row)], reference(x, n / 2, false).first));
+          CHECK(same_bits(mins[static_cast<std::size_t>(row)], reference(x, n / 2, true).first));
+          CHECK(args[static_cast<std::size_t>(row)] == reference(x, n / 2, false).second);
+        }
+      }
+    };
+    std::uint32_t seed = 500;
+    for (std::int64_t n : {5, 31, 32, 33, 64, 65, 1000, 4096, 70001, 200002}) {
+      for (int pattern = 0; pattern < 5; ++pattern) {
+        CAPTURE(n);
+        CAPTURE(pattern);
+        check(0.0F, n, pattern, ++seed);
+        check(0.0, n, pattern, ++seed);
+        check(std::int32_t{0}, n, pattern, ++seed);
+        check(std::int64_t{0}, n, pattern, ++seed);
+      }
     }
   }
 

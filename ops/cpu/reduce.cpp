@@ -95,10 +95,10 @@ struct Partial {
 
 // max, min or argmax over the dense run x[i0, i1) into `p` (empty), with
 // the result of p.step over the run in order. kLanes independent lanes
-// keep their own extreme (a compare and a select per element, which the
-// compiler vectorises: no reassociation, each lane in order), and each
-// lane notes whether it saw a NaN; the extreme is then found among the
-// lanes and its first index by a second scan. Without NaNs the extreme's
+// (vectors of GCC's vector extension) keep their own extreme, a compare
+// and a select per element, each lane in order, and each lane notes
+// whether it saw a NaN; the extreme is then found among the lanes and its
+// first index by a second scan, a block at a time. Without NaNs the extreme's
 // value is the same whatever the order, and values that compare equal
 // have the same bits except the two zeros: a run holding a NaN, or whose
 // extreme is a zero (whose sign the first occurrence decides), takes the

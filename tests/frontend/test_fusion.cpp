@@ -15,6 +15,7 @@
 #include <sstream>
 #include <future>
 #include <random>
+#include <string_view>
 #include <thread>
 
 #include <unistd.h>
@@ -336,6 +337,21 @@ TEST_CASE("fused nodes are named by the ops they contain") {
   for (const auto& p : nd::engine().pending_nodes()) found = found || p.name == "fused[mul,add,sigmoid]";
   CHECK(found);
   y.wait_to_read();
+}
+
+TEST_CASE("LAZYDAG_FUSION=0 in the environment switches fusion off") {
+  // Run with and without the variable (tests/meson.build): the process's
+  // setting comes from it, and an expression is then one node per op.
+  const char* e = std::getenv("LAZYDAG_FUSION");
+  const bool off = e != nullptr && std::string_view(e) == "0";
+  CHECK(nd::fusion_enabled() == !off);
+  if (nd::engine().policy() == engine::Policy::kNaive) return;  // naive never fuses
+  NDArray x = nd::full({64}, 1.0);
+  nd::waitall();
+  const std::uint64_t before = recorded();
+  NDArray y = nd::sigmoid(x * 2.0 + 1.0);
+  y.wait_to_read();
+  CHECK(recorded() - before == (off ? 3U : 1U));
 }
 
 TEST_CASE("dump_graph and the profiler's trace name fused nodes by their ops") {

@@ -30,15 +30,19 @@ extern "C" {
 LAZYDAG_AVX512 __m512 Sleef_expf16_u10avx512f(__m512);
 LAZYDAG_AVX512 __m512 Sleef_logf16_u10avx512f(__m512);
 LAZYDAG_AVX512 __m512 Sleef_tanhf16_u10avx512f(__m512);
+LAZYDAG_AVX512 __m512 Sleef_log1pf16_u10avx512f(__m512);
 LAZYDAG_AVX512 __m512d Sleef_expd8_u10avx512f(__m512d);
 LAZYDAG_AVX512 __m512d Sleef_logd8_u10avx512f(__m512d);
 LAZYDAG_AVX512 __m512d Sleef_tanhd8_u10avx512f(__m512d);
+LAZYDAG_AVX512 __m512d Sleef_log1pd8_u10avx512f(__m512d);
 LAZYDAG_AVX2 __m256 Sleef_expf8_u10avx2(__m256);
 LAZYDAG_AVX2 __m256 Sleef_logf8_u10avx2(__m256);
 LAZYDAG_AVX2 __m256 Sleef_tanhf8_u10avx2(__m256);
+LAZYDAG_AVX2 __m256 Sleef_log1pf8_u10avx2(__m256);
 LAZYDAG_AVX2 __m256d Sleef_expd4_u10avx2(__m256d);
 LAZYDAG_AVX2 __m256d Sleef_logd4_u10avx2(__m256d);
 LAZYDAG_AVX2 __m256d Sleef_tanhd4_u10avx2(__m256d);
+LAZYDAG_AVX2 __m256d Sleef_log1pd4_u10avx2(__m256d);
 }
 
 namespace {
@@ -96,6 +100,8 @@ LAZYDAG_VLOOP(tanh_f_512, float, 16, __m512, _mm512_loadu_ps, _mm512_storeu_ps, 
 LAZYDAG_VLOOP(exp_d_512, double, 8, __m512d, _mm512_loadu_pd, _mm512_storeu_pd, Sleef_expd8_u10avx512f, LAZYDAG_AVX512)
 LAZYDAG_VLOOP(log_d_512, double, 8, __m512d, _mm512_loadu_pd, _mm512_storeu_pd, Sleef_logd8_u10avx512f, LAZYDAG_AVX512)
 LAZYDAG_VLOOP(tanh_d_512, double, 8, __m512d, _mm512_loadu_pd, _mm512_storeu_pd, Sleef_tanhd8_u10avx512f, LAZYDAG_AVX512)
+LAZYDAG_VLOOP(log1p_f_512, float, 16, __m512, _mm512_loadu_ps, _mm512_storeu_ps, Sleef_log1pf16_u10avx512f, LAZYDAG_AVX512)
+LAZYDAG_VLOOP(log1p_d_512, double, 8, __m512d, _mm512_loadu_pd, _mm512_storeu_pd, Sleef_log1pd8_u10avx512f, LAZYDAG_AVX512)
 LAZYDAG_VLOOP(sigmoid_f_512, float, 16, __m512, _mm512_loadu_ps, _mm512_storeu_ps, sigmoid_f16, LAZYDAG_AVX512)
 LAZYDAG_VLOOP(sigmoid_d_512, double, 8, __m512d, _mm512_loadu_pd, _mm512_storeu_pd, sigmoid_d8, LAZYDAG_AVX512)
 
@@ -105,6 +111,8 @@ LAZYDAG_VLOOP(tanh_f_256, float, 8, __m256, _mm256_loadu_ps, _mm256_storeu_ps, S
 LAZYDAG_VLOOP(exp_d_256, double, 4, __m256d, _mm256_loadu_pd, _mm256_storeu_pd, Sleef_expd4_u10avx2, LAZYDAG_AVX2)
 LAZYDAG_VLOOP(log_d_256, double, 4, __m256d, _mm256_loadu_pd, _mm256_storeu_pd, Sleef_logd4_u10avx2, LAZYDAG_AVX2)
 LAZYDAG_VLOOP(tanh_d_256, double, 4, __m256d, _mm256_loadu_pd, _mm256_storeu_pd, Sleef_tanhd4_u10avx2, LAZYDAG_AVX2)
+LAZYDAG_VLOOP(log1p_f_256, float, 8, __m256, _mm256_loadu_ps, _mm256_storeu_ps, Sleef_log1pf8_u10avx2, LAZYDAG_AVX2)
+LAZYDAG_VLOOP(log1p_d_256, double, 4, __m256d, _mm256_loadu_pd, _mm256_storeu_pd, Sleef_log1pd4_u10avx2, LAZYDAG_AVX2)
 LAZYDAG_VLOOP(sigmoid_f_256, float, 8, __m256, _mm256_loadu_ps, _mm256_storeu_ps, sigmoid_f8, LAZYDAG_AVX2)
 LAZYDAG_VLOOP(sigmoid_d_256, double, 4, __m256d, _mm256_loadu_pd, _mm256_storeu_pd, sigmoid_d4, LAZYDAG_AVX2)
 
@@ -114,6 +122,8 @@ LAZYDAG_VLOOP(tanh_f_128, float, 4, __m128, _mm_loadu_ps, _mm_storeu_ps, Sleef_t
 LAZYDAG_VLOOP(exp_d_128, double, 2, __m128d, _mm_loadu_pd, _mm_storeu_pd, Sleef_expd2_u10sse2, LAZYDAG_SSE2)
 LAZYDAG_VLOOP(log_d_128, double, 2, __m128d, _mm_loadu_pd, _mm_storeu_pd, Sleef_logd2_u10sse2, LAZYDAG_SSE2)
 LAZYDAG_VLOOP(tanh_d_128, double, 2, __m128d, _mm_loadu_pd, _mm_storeu_pd, Sleef_tanhd2_u10sse2, LAZYDAG_SSE2)
+LAZYDAG_VLOOP(log1p_f_128, float, 4, __m128, _mm_loadu_ps, _mm_storeu_ps, Sleef_log1pf4_u10sse2, LAZYDAG_SSE2)
+LAZYDAG_VLOOP(log1p_d_128, double, 2, __m128d, _mm_loadu_pd, _mm_storeu_pd, Sleef_log1pd2_u10sse2, LAZYDAG_SSE2)
 LAZYDAG_VLOOP(sigmoid_f_128, float, 4, __m128, _mm_loadu_ps, _mm_storeu_ps, sigmoid_f4, LAZYDAG_SSE2)
 LAZYDAG_VLOOP(sigmoid_d_128, double, 2, __m128d, _mm_loadu_pd, _mm_storeu_pd, sigmoid_d2, LAZYDAG_SSE2)
 
@@ -127,8 +137,8 @@ using DoubleLoop = void (*)(const double*, double*, std::int64_t);
 
 struct Table {
   const char* isa;
-  FloatLoop f[4];
-  DoubleLoop d[4];
+  FloatLoop f[5];  // in the order of Fn
+  DoubleLoop d[5];
 };
 
 const Table& table() {
@@ -140,15 +150,15 @@ const Table& table() {
     const bool no512 = cap != nullptr && (std::strcmp(cap, "avx2") == 0 || std::strcmp(cap, "sse2") == 0);
     const bool no256 = cap != nullptr && std::strcmp(cap, "sse2") == 0;
     if (!no512 && __builtin_cpu_supports("avx512f")) {
-      return Table{"avx512f", {exp_f_512, log_f_512, tanh_f_512, sigmoid_f_512},
-                   {exp_d_512, log_d_512, tanh_d_512, sigmoid_d_512}};
+      return Table{"avx512f", {exp_f_512, log_f_512, tanh_f_512, sigmoid_f_512, log1p_f_512},
+                   {exp_d_512, log_d_512, tanh_d_512, sigmoid_d_512, log1p_d_512}};
     }
     if (!no256 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-      return Table{"avx2", {exp_f_256, log_f_256, tanh_f_256, sigmoid_f_256},
-                   {exp_d_256, log_d_256, tanh_d_256, sigmoid_d_256}};
+      return Table{"avx2", {exp_f_256, log_f_256, tanh_f_256, sigmoid_f_256, log1p_f_256},
+                   {exp_d_256, log_d_256, tanh_d_256, sigmoid_d_256, log1p_d_256}};
     }
-    return Table{"sse2", {exp_f_128, log_f_128, tanh_f_128, sigmoid_f_128},
-                   {exp_d_128, log_d_128, tanh_d_128, sigmoid_d_128}};
+    return Table{"sse2", {exp_f_128, log_f_128, tanh_f_128, sigmoid_f_128, log1p_f_128},
+                   {exp_d_128, log_d_128, tanh_d_128, sigmoid_d_128, log1p_d_128}};
   }();
   return t;
 }
@@ -168,6 +178,7 @@ void apply(Fn f, const float* x, float* y, std::int64_t n) {
     y[i] = f == Fn::kExp    ? Sleef_expf_u10(x[i])
            : f == Fn::kLog  ? Sleef_logf_u10(x[i])
            : f == Fn::kTanh ? Sleef_tanhf_u10(x[i])
+           : f == Fn::kLog1p ? Sleef_log1pf_u10(x[i])
                             : 1.0F / (1.0F + Sleef_expf_u10(-x[i]));
   }
 }
@@ -176,6 +187,7 @@ void apply(Fn f, const double* x, double* y, std::int64_t n) {
     y[i] = f == Fn::kExp    ? Sleef_exp_u10(x[i])
            : f == Fn::kLog  ? Sleef_log_u10(x[i])
            : f == Fn::kTanh ? Sleef_tanh_u10(x[i])
+           : f == Fn::kLog1p ? Sleef_log1p_u10(x[i])
                             : 1.0 / (1.0 + Sleef_exp_u10(-x[i]));
   }
 }

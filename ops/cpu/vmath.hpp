@@ -1,5 +1,5 @@
 // Vectorised transcendental math for the CPU kernels, from SLEEF: exp, log,
-// tanh and sigmoid (1 / (1 + exp(-x)) in one pass) of float32 and float64
+// tanh, sigmoid (1 / (1 + exp(-x)) in one pass) and log1p of float32 and float64
 // runs, dispatched at run time to the widest instruction set the machine
 // has (AVX-512F, AVX2 + FMA, SSE2).
 #pragma once
@@ -8,7 +8,7 @@
 
 namespace lazydag::ops::cpu::vmath {
 
-enum class Fn : std::uint8_t { kExp, kLog, kTanh, kSigmoid };
+enum class Fn : std::uint8_t { kExp, kLog, kTanh, kSigmoid, kLog1p };
 
 /// y[i] = f(x[i]) for i < n (y may be x). SLEEF's 1.0-ULP functions: every
 /// element goes through the same vector routine (a short tail is padded),

@@ -281,6 +281,15 @@ int main(int argc, char** argv) {
       report("tanh", 2.0 * n * 4, ours, one, two);
     }
     {
+      const double ours = median_seconds([&] { nd::log1p(a).wait_to_read(); });
+      auto body = [&](std::int64_t lo, std::int64_t hi) {
+        for (std::int64_t i = lo; i < hi; ++i) vc[i] = std::log1p(va[i]);
+      };
+      const double one = median_seconds([&] { body(0, n); });
+      const double two = median_seconds([&] { split2(body); });
+      report("log1p", 2.0 * n * 4, ours, one, two);
+    }
+    {
       // The fused sigmoid(x * w + b) below makes the same two passes and
       // this work besides: its floor.
       const double ours = median_seconds([&] { nd::sigmoid(a).wait_to_read(); });

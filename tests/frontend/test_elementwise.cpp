@@ -139,7 +139,7 @@ TEST_SUITE("ndarray") {
   }
 
   TEST_CASE("Elementwise.VectorMathIsWithinTwoUlp" * doctest::timeout(120)) {
-    // exp, log, tanh and sigmoid on the CPU (SLEEF's 1-ULP routines) against
+    // exp, log, tanh, sigmoid and log1p on the CPU (SLEEF's 1-ULP routines) against
     // a wider reference rounded to the dtype: at most 2 ULP apart (1 for the
     // routine, up to 1/2 for the reference's own rounding), special values
     // exact. Inputs span the whole useful range of each function.
@@ -182,6 +182,7 @@ TEST_SUITE("ndarray") {
         {"log", nd::log, [](long double x) { return std::log(x); }, -40, 40, true},
         {"tanh", nd::tanh, [](long double x) { return std::tanh(x); }, -20, 20, false},
         {"sigmoid", nd::sigmoid, [](long double x) { return 1.0L / (1.0L + std::exp(-x)); }, -60, 60, false},
+        {"log1p", nd::log1p, [](long double x) { return std::log1p(x); }, -40, 30, true},
     };
     for (const Fn& f : fns) {
       CAPTURE(f.name);
@@ -191,6 +192,11 @@ TEST_SUITE("ndarray") {
       for (double& x : xs) x = f.log_uniform ? std::pow(10.0, u(rng)) : u(rng);
       // every tail length of the vector loops, and the special values
       for (double x : {0.0, -0.0, 1.0, 1e-30, 88.7, -103.9, 709.7, -745.1}) xs.push_back(x);
+      // and log1p's negative side, down to -1
+      if (std::string(f.name) == "log1p") {
+        for (double x = -0.999; x < 0; x += 0.0137) xs.push_back(x);
+        xs.push_back(-1.0);
+      }
       const std::int64_t n = static_cast<std::int64_t>(xs.size());
       NDArray a64 = nd::array<double>(xs, {n}, cpu());
       NDArray a32 = a64.astype(DType::kFloat32);
@@ -217,11 +223,16 @@ TEST_SUITE("ndarray") {
       if (std::string(f.name) == "tanh") CHECK((s[0] == 1.0F && s[1] == -1.0F));
       if (std::string(f.name) == "sigmoid") CHECK((s[0] == 1.0F && s[1] == 0.0F));
       if (std::string(f.name) == "log") CHECK((s[0] == INFINITY && std::isnan(s[1])));
+      if (std::string(f.name) == "log1p") CHECK((s[0] == INFINITY && std::isnan(s[1])));
     }
     // log of 0 and of a negative number
     const auto l = nd::log(nd::array<float>({0.0F, -1.0F}, {2}, cpu())).to_vector<float>();
     CHECK(l[0] == -INFINITY);
     CHECK(std::isnan(l[1]));
+    // log1p of -1 and below it
+    const auto l1 = nd::log1p(nd::array<float>({-1.0F, -2.0F}, {2}, cpu())).to_vector<float>();
+    CHECK(l1[0] == -INFINITY);
+    CHECK(std::isnan(l1[1]));
   }
 
   TEST_CASE("Elementwise.ScalarOperandsTakeTheArrayDtype" * doctest::timeout(60)) {

@@ -290,6 +290,20 @@ int main(int argc, char** argv) {
       report("log1p", 2.0 * n * 4, ours, one, two);
     }
     {
+      // where(a > 0.5, a, b): a random mask, read with both operands
+      // (1 + 4 + 4 bytes in, 4 out per element).
+      NDArray mask = a > 0.5;
+      const auto bits = mask.to_vector<bool>();
+      const std::vector<unsigned char> vm(bits.begin(), bits.end());  // a byte per element, as lazydag's
+      const double ours = median_seconds([&] { nd::where(mask, a, b).wait_to_read(); });
+      auto body = [&](std::int64_t lo, std::int64_t hi) {
+        for (std::int64_t i = lo; i < hi; ++i) vc[i] = vm[i] ? va[i] : vb[i];
+      };
+      const double one = median_seconds([&] { body(0, n); });
+      const double two = median_seconds([&] { split2(body); });
+      report("where", 13.0 * n, ours, one, two);
+    }
+    {
       // The fused sigmoid(x * w + b) below makes the same two passes and
       // this work besides: its floor.
       const double ours = median_seconds([&] { nd::sigmoid(a).wait_to_read(); });

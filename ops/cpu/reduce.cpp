@@ -97,8 +97,8 @@ struct Partial {
 // the result of p.step over the run in order. kLanes independent lanes
 // (vectors of GCC's vector extension) keep their own extreme, a compare
 // and a select per element, each lane in order, and each lane notes
-// whether it saw a NaN; the extreme is then found among the lanes and its
-// first index by a second scan, a block at a time. Without NaNs the extreme's
+// whether it saw a NaN; the extreme is then found among the lanes and, for
+// argmax, its first index by a second scan, a block at a time. Without NaNs the extreme's
 // value is the same whatever the order, and values that compare equal
 // have the same bits except the two zeros: a run holding a NaN, or whose
 // extreme is a zero (whose sign the first occurrence decides), takes the
@@ -168,6 +168,9 @@ void extreme_run(ReduceOp op, const T* x, std::int64_t i0, std::int64_t i1, Part
       return;
     }
   }
+  p.best = m;
+  p.index = i0;  // max and min need only the value (index >= 0: not empty)
+  if (op != ReduceOp::kArgmax) return;
   // The first index of m: a block of kLanes at a time, then within it.
   const Vec mv = Vec{} + m;
   std::int64_t k = i0;
@@ -181,7 +184,6 @@ void extreme_run(ReduceOp op, const T* x, std::int64_t i0, std::int64_t i1, Part
     if ((bits[0] | bits[1]) != 0) break;
   }
   while (x[k] != m) ++k;
-  p.best = m;
   p.index = k;
 }
 

@@ -253,67 +253,39 @@ int main(int argc, char** argv) {
                   static_cast<long long>(n), bytes / two * 1e-9);
       std::printf("bench=ndarray workload=%s ratio_vs_loop_2threads=%.2f\n", workload, two / ours);
     };
-    {
-      const double ours = median_seconds([&] { (a + b).wait_to_read(); });
+    // lazydag's op beside the same per-element work as a plain loop over
+    // the buffers, on one thread and split over two.
+    auto beside_loops = [&](const char* workload, double bytes, const std::function<void()>& ours,
+                            auto element) {
+      const double t = median_seconds(ours);
       auto body = [&](std::int64_t lo, std::int64_t hi) {
-        for (std::int64_t i = lo; i < hi; ++i) vc[i] = va[i] + vb[i];
+        for (std::int64_t i = lo; i < hi; ++i) vc[i] = element(i);
       };
       const double one = median_seconds([&] { body(0, n); });
       const double two = median_seconds([&] { split2(body); });
-      report("add", 3.0 * n * 4, ours, one, two);
-    }
-    {
-      const double ours = median_seconds([&] { nd::exp(a).wait_to_read(); });
-      auto body = [&](std::int64_t lo, std::int64_t hi) {
-        for (std::int64_t i = lo; i < hi; ++i) vc[i] = std::exp(va[i]);
-      };
-      const double one = median_seconds([&] { body(0, n); });
-      const double two = median_seconds([&] { split2(body); });
-      report("exp", 2.0 * n * 4, ours, one, two);
-    }
-    {
-      const double ours = median_seconds([&] { nd::tanh(a).wait_to_read(); });
-      auto body = [&](std::int64_t lo, std::int64_t hi) {
-        for (std::int64_t i = lo; i < hi; ++i) vc[i] = std::tanh(va[i]);
-      };
-      const double one = median_seconds([&] { body(0, n); });
-      const double two = median_seconds([&] { split2(body); });
-      report("tanh", 2.0 * n * 4, ours, one, two);
-    }
-    {
-      const double ours = median_seconds([&] { nd::log1p(a).wait_to_read(); });
-      auto body = [&](std::int64_t lo, std::int64_t hi) {
-        for (std::int64_t i = lo; i < hi; ++i) vc[i] = std::log1p(va[i]);
-      };
-      const double one = median_seconds([&] { body(0, n); });
-      const double two = median_seconds([&] { split2(body); });
-      report("log1p", 2.0 * n * 4, ours, one, two);
-    }
+      report(workload, bytes, t, one, two);
+    };
+    beside_loops("add", 3.0 * n * 4, [&] { (a + b).wait_to_read(); },
+                 [&](std::int64_t i) { return va[i] + vb[i]; });
+    beside_loops("exp", 2.0 * n * 4, [&] { nd::exp(a).wait_to_read(); },
+                 [&](std::int64_t i) { return std::exp(va[i]); });
+    beside_loops("tanh", 2.0 * n * 4, [&] { nd::tanh(a).wait_to_read(); },
+                 [&](std::int64_t i) { return std::tanh(va[i]); });
+    beside_loops("log1p", 2.0 * n * 4, [&] { nd::log1p(a).wait_to_read(); },
+                 [&](std::int64_t i) { return std::log1p(va[i]); });
     {
       // where(a > 0.5, a, b): a random mask, read with both operands
       // (1 + 4 + 4 bytes in, 4 out per element).
       NDArray mask = a > 0.5;
       const auto bits = mask.to_vector<bool>();
       const std::vector<unsigned char> vm(bits.begin(), bits.end());  // a byte per element, as lazydag's
-      const double ours = median_seconds([&] { nd::where(mask, a, b).wait_to_read(); });
-      auto body = [&](std::int64_t lo, std::int64_t hi) {
-        for (std::int64_t i = lo; i < hi; ++i) vc[i] = vm[i] ? va[i] : vb[i];
-      };
-      const double one = median_seconds([&] { body(0, n); });
-      const double two = median_seconds([&] { split2(body); });
-      report("where", 13.0 * n, ours, one, two);
+      beside_loops("where", 13.0 * n, [&] { nd::where(mask, a, b).wait_to_read(); },
+                   [&](std::int64_t i) { return vm[i] ? va[i] : vb[i]; });
     }
-    {
-      // The fused sigmoid(x * w + b) below makes the same two passes and
-      // this work besides: its floor.
-      const double ours = median_seconds([&] { nd::sigmoid(a).wait_to_read(); });
-      auto body = [&](std::int64_t lo, std::int64_t hi) {
-        for (std::int64_t i = lo; i < hi; ++i) vc[i] = 1.0F / (1.0F + std::exp(-va[i]));
-      };
-      const double one = median_seconds([&] { body(0, n); });
-      const double two = median_seconds([&] { split2(body); });
-      report("sigmoid", 2.0 * n * 4, ours, one, two);
-    }
+    // The fused sigmoid(x * w + b) below makes the same two passes and
+    // this work besides: its floor.
+    beside_loops("sigmoid", 2.0 * n * 4, [&] { nd::sigmoid(a).wait_to_read(); },
+                 [&](std::int64_t i) { return 1.0F / (1.0F + std::exp(-va[i])); });
     // Fused expressions on 16M float32 (nd::set_fusion(false) for the unfused
     // figure, in the same run), beside NumPy on the same expressions. Two
     // operand forms: `rows`, a [16384, 1024] batch with per-feature

@@ -273,6 +273,9 @@ int main(int argc, char** argv) {
                  [&](std::int64_t i) { return std::tanh(va[i]); });
     beside_loops("log1p", 2.0 * n * 4, [&] { nd::log1p(a).wait_to_read(); },
                  [&](std::int64_t i) { return std::log1p(va[i]); });
+    // pow(a, 2): the square, as a plain loop writes it.
+    beside_loops("pow2", 2.0 * n * 4, [&] { nd::pow(a, 2.0).wait_to_read(); },
+                 [&](std::int64_t i) { return va[i] * va[i]; });
     {
       // where(a > 0.5, a, b): a random mask, read with both operands
       // (1 + 4 + 4 bytes in, 4 out per element).

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <random>
 
 using namespace lazydag;
@@ -233,6 +234,51 @@ TEST_SUITE("ndarray") {
     const auto l1 = nd::log1p(nd::array<float>({-1.0F, -2.0F}, {2}, cpu())).to_vector<float>();
     CHECK(l1[0] == -INFINITY);
     CHECK(std::isnan(l1[1]));
+  }
+
+  TEST_CASE("Elementwise.PowOfTwoIsTheSquare" * doctest::timeout(60)) {
+    // An exponent of exactly 2 gives x * x, bit for bit, whether it is a
+    // scalar (the square loop), a broadcast one-element array, a dense
+    // array or a step of a fused chain; other exponents are libm's pow.
+    auto run = [](auto zero) {
+      using T = decltype(zero);
+      const DType t = std::is_same_v<T, float> ? DType::kFloat32 : DType::kFloat64;
+      std::mt19937_64 rng(31);
+      std::uniform_real_distribution<double> mag(-40, 40);
+      std::vector<T> xs;
+      for (int i = 0; i < 3000; ++i) {
+        const double v = std::pow(10.0, mag(rng)) * ((rng() & 1) != 0 ? -1 : 1);
+        xs.push_back(static_cast<T>(v));
+      }
+      for (T v : {T(0), T(-0.0), std::numeric_limits<T>::infinity(), -std::numeric_limits<T>::infinity(),
+                  std::numeric_limits<T>::quiet_NaN(), std::numeric_limits<T>::denorm_min(),
+                  std::numeric_limits<T>::max(), T(1), T(-1), T(3)}) {
+        xs.push_back(v);
+      }
+      const auto n = static_cast<std::int64_t>(xs.size());
+      NDArray x = nd::array<T>(xs, {n});  // on the default device (sim under ndarray.*.sim)
+      std::vector<T> exps(xs.size());
+      for (std::size_t i = 0; i < exps.size(); ++i) exps[i] = i % 3 == 0 ? T(2) : static_cast<T>(0.25 * (i % 11));
+      NDArray e = nd::array<T>(exps, {n});
+      const auto scalar = nd::pow(x, 2.0).template to_vector<T>();
+      const auto one = nd::pow(x, nd::full({1}, 2.0, t)).template to_vector<T>();
+      const auto fused = nd::pow(x * 1.0, 2.0).template to_vector<T>();
+      const auto mixed = nd::pow(x, e).template to_vector<T>();
+      auto same_bits = [](T a, T b) { return std::memcmp(&a, &b, sizeof(T)) == 0 || (std::isnan(a) && std::isnan(b)); };
+      int wrong = 0;
+      for (std::size_t i = 0; i < xs.size(); ++i) {
+        const T sq = xs[i] * xs[i];
+        const T want = exps[i] == T(2) ? sq : std::pow(xs[i], exps[i]);
+        if (!same_bits(scalar[i], sq) || !same_bits(one[i], sq) || !same_bits(fused[i], sq) ||
+            !same_bits(mixed[i], want)) {
+          ++wrong;
+        }
+      }
+      CHECK(wrong == 0);
+      CHECK(nd::pow(x, 2.0).dtype() == t);
+    };
+    run(0.0F);
+    run(0.0);
   }
 
   TEST_CASE("Elementwise.ScalarOperandsTakeTheArrayDtype" * doctest::timeout(60)) {

@@ -1,5 +1,5 @@
-// Shared by the CUDA kernels: strided-view indexing for up to four operands
-// (broadcasting by zero strides), launch shapes and the dtype dispatch.
+// Shared by the CUDA kernels: strided-view indexing (../src/indexer.hpp),
+// launch shapes and the dtype dispatch.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -8,7 +8,7 @@
 
 #include "check.hpp"
 #include "../src/element.hpp"
-#include "../src/nest.hpp"
+#include "../src/indexer.hpp"
 
 #include <array>
 #include <cstdint>
@@ -16,61 +16,9 @@
 
 namespace lazydag::ops::cuda::detail {
 
-inline constexpr int kMaxRank = 8;
-
-/// An output shape and, per operand, its element strides broadcast to it
-/// and its offset: passed by value to a kernel.
-template <int N>
-struct Indexer {
-  int rank = 0;
-  std::int64_t shape[kMaxRank] = {};
-  std::int64_t strides[N][kMaxRank] = {};
-  std::int64_t offset[N] = {};
-
-  /// Element offsets of every operand for the row-major linear index i.
-  /// A merged rank of 1 (dense operands, scalars, row-contiguous views)
-  /// needs no division at all.
-  __device__ void offsets(std::int64_t i, std::int64_t (&o)[N]) const {
-    if (rank == 1) {
-      for (int k = 0; k < N; ++k) o[k] = offset[k] + i * strides[k][0];
-      return;
-    }
-    for (int k = 0; k < N; ++k) o[k] = offset[k];
-    for (int d = rank - 1; d >= 0; --d) {
-      const std::int64_t idx = i % shape[d];
-      i /= shape[d];
-      for (int k = 0; k < N; ++k) o[k] += idx * strides[k][d];
-    }
-  }
-};
-
-/// Indexer for `out` and operands broadcast to out.shape (out is the last),
-/// over the merged loop nest the CPU kernels use (ops/src/nest.hpp): size-1
-/// dims dropped and adjacent dims merged where every operand allows, so a
-/// dense op is rank 1 and each element costs no 64-bit division.
-template <int N>
-Indexer<N> make_indexer(const TensorView* const (&views)[N], const Shape& out_shape) {
-  if (out_shape.size() > static_cast<std::size_t>(kMaxRank)) throw InvalidArgument("CUDA kernels support rank <= 8");
-  const std::size_t rank = out_shape.size();
-  std::array<Strides, N> strides;
-  for (int k = 0; k < N; ++k) {
-    const TensorView& v = *views[k];
-    const std::size_t r = v.shape.size();
-    strides[static_cast<std::size_t>(k)].assign(rank, 0);
-    for (std::size_t d = 0; d < r; ++d) {
-      strides[static_cast<std::size_t>(k)][rank - r + d] = v.shape[d] == 1 ? 0 : v.strides[d];
-    }
-  }
-  const auto nest = ops::detail::make_nest<static_cast<std::size_t>(N)>(out_shape, strides);
-  Indexer<N> ix;
-  ix.rank = nest.rank;
-  for (int d = 0; d < nest.rank; ++d) {
-    ix.shape[d] = nest.shape[static_cast<std::size_t>(d)];
-    for (int k = 0; k < N; ++k) ix.strides[k][d] = nest.strides[static_cast<std::size_t>(k)][static_cast<std::size_t>(d)];
-  }
-  for (int k = 0; k < N; ++k) ix.offset[k] = views[k]->offset;
-  return ix;
-}
+using ::lazydag::kMaxRank;
+using ops::detail::Indexer;
+using ops::detail::make_indexer;
 
 inline int blocks_for(std::int64_t n, int threads = 256) {
   const std::int64_t b = (n + threads - 1) / threads;

@@ -5,6 +5,7 @@
 #include "common.cuh"
 #include "element_ops.cuh"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -43,85 +44,121 @@ void launch_map(void* stream, const TensorView* const (&views)[N], const Shape& 
 }
 
 // The dense fast path: the output and every array operand contiguous with
-// one shape, each operand 16-byte aligned, or a single element broadcast.
-// Each thread moves 16 bytes per operand per access (one 128-bit load or
-// store: 4 float32 or int32, 2 float64 or int64) and applies the same
-// element function as the general kernel, so results are identical.
+// one shape and aligned to its pack, or a single element broadcast. Each
+// thread moves V elements per operand per access, V = 16 bytes over the
+// widest element type (one 128-bit load or store of the widest operand: 4
+// float32 or int32, 2 float64 or int64; the narrower operands, a compare's
+// bool result or where's mask, in one narrower access), and applies the
+// same element function as the general kernel, so results are identical.
 template <class T, int V>
 struct alignas(sizeof(T) * V) Pack {
   T v[V];
 };
 
+// An operand of the dense kernel: contiguous over the output, or one
+// element (`one`).
+template <class T>
+struct Dense {
+  const T* p;
+  bool one;
+  template <int V>
+  __device__ Pack<T, V> pack(std::int64_t i) const {  // elements i*V .. i*V + V - 1
+    if (!one) return reinterpret_cast<const Pack<T, V>*>(p)[i];
+    Pack<T, V> x;
+    for (int k = 0; k < V; ++k) x.v[k] = p[0];
+    return x;
+  }
+  __device__ T at(std::int64_t i) const { return p[one ? 0 : i]; }
+};
+
+// Element functions of three operands (the ops of fewer ignore the rest).
 template <class T>
 struct UnaryV {
   UnaryOp op;
-  __device__ T operator()(T x, T) const { return apply_unary(op, x); }
+  __device__ T operator()(T x, T, T) const { return apply_unary(op, x); }
 };
 template <class T>
 struct BinaryV {
   BinaryOp op;
-  __device__ T operator()(T x, T z) const { return apply_binary(op, x, z); }
+  __device__ T operator()(T x, T z, T) const { return apply_binary(op, x, z); }
 };
 template <class T>
 struct ScalarV {
   BinaryOp op;
   T s;
   bool first;
-  __device__ T operator()(T x, T) const { return first ? apply_binary(op, s, x) : apply_binary(op, x, s); }
+  __device__ T operator()(T x, T, T) const { return first ? apply_binary(op, s, x) : apply_binary(op, x, s); }
+};
+template <class T>
+struct CompareV {
+  CompareOp op;
+  __device__ bool operator()(T x, T z, T) const { return apply_compare(op, x, z); }
+};
+template <class T>
+struct CompareScalarV {
+  CompareOp op;
+  T s;
+  __device__ bool operator()(T x, T, T) const { return apply_compare(op, x, s); }
+};
+template <class T>
+struct WhereV {
+  __device__ T operator()(bool c, T x, T z) const { return c ? x : z; }
+};
+template <class S, class D>
+struct CastV {
+  __device__ D operator()(S x, S, S) const { return convert_value<D>(x); }
 };
 
-template <class T, int V, class F>
-__global__ void dense_kernel(const T* a, bool a_one, const T* b, bool b_one, T* y, std::int64_t n, F f) {
+template <int V, class Y, class A, class B, class C, class F>
+__global__ void dense_kernel(Y* y, std::int64_t n, F f, Dense<A> a, Dense<B> b, Dense<C> c) {
   const std::int64_t step = static_cast<std::int64_t>(blockDim.x) * gridDim.x;
   const std::int64_t first = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
   const std::int64_t packs = n / V;
   for (std::int64_t p = first; p < packs; p += step) {
-    Pack<T, V> x;
-    Pack<T, V> z;
-    Pack<T, V> r;
-    if (a_one) {
-      for (int k = 0; k < V; ++k) x.v[k] = a[0];
-    } else {
-      x = reinterpret_cast<const Pack<T, V>*>(a)[p];
-    }
-    if (b_one) {
-      for (int k = 0; k < V; ++k) z.v[k] = b[0];
-    } else {
-      z = reinterpret_cast<const Pack<T, V>*>(b)[p];
-    }
-    for (int k = 0; k < V; ++k) r.v[k] = f(x.v[k], z.v[k]);
-    reinterpret_cast<Pack<T, V>*>(y)[p] = r;
+    const Pack<A, V> xa = a.template pack<V>(p);
+    const Pack<B, V> xb = b.template pack<V>(p);
+    const Pack<C, V> xc = c.template pack<V>(p);
+    Pack<Y, V> r;
+    for (int k = 0; k < V; ++k) r.v[k] = f(xa.v[k], xb.v[k], xc.v[k]);
+    reinterpret_cast<Pack<Y, V>*>(y)[p] = r;
   }
-  for (std::int64_t i = packs * V + first; i < n; i += step) y[i] = f(a[a_one ? 0 : i], b[b_one ? 0 : i]);
+  for (std::int64_t i = packs * V + first; i < n; i += step) y[i] = f(a.at(i), b.at(i), c.at(i));
 }
 
-// Launches the dense kernel when the operands allow it (b may be null: a
-// unary or scalar op); false otherwise, launching nothing.
-template <class T, class F>
-bool try_dense(void* stream, const TensorView& a, const TensorView* b, const TensorView& out, F f,
-               const char* name) {
-  if constexpr (sizeof(T) != 4 && sizeof(T) != 8) {
-    return false;
-  } else {
-    constexpr int V = 16 / static_cast<int>(sizeof(T));
-    const std::int64_t n = numel(out.shape);
-    auto at = [](const TensorView& v) { return static_cast<char*>(v.data) + v.offset * static_cast<std::int64_t>(sizeof(T)); };
-    auto dense = [&](const TensorView& v) {
-      return v.shape == out.shape && v.strides == contiguous_strides(v.shape) &&
-             reinterpret_cast<std::uintptr_t>(at(v)) % 16 == 0;
-    };
-    if (n < V || !dense(out)) return false;
-    const bool a_one = numel(a.shape) == 1;
-    const bool b_one = b == nullptr || numel(b->shape) == 1;
-    if ((!a_one && !dense(a)) || (!b_one && !dense(*b))) return false;
-    const T* pa = reinterpret_cast<const T*>(at(a));
-    const T* pb = b == nullptr ? pa : reinterpret_cast<const T*>(at(*b));
-    detail::clear_last_error();
-    dense_kernel<T, V, F><<<blocks_for((n + V - 1) / V), 256, 0, detail::as_stream(stream)>>>(
-        pa, a_one, pb, b_one, reinterpret_cast<T*>(at(out)), n, f);
-    check_launch(name);
-    return true;
-  }
+// Launches the dense kernel for out = f(a, b, c) when the operands allow it
+// (b and c may be null: an op of fewer operands; they then repeat a's first
+// element, unread by f); false otherwise, launching nothing.
+template <class Y, class A, class B = A, class C = A, class F>
+bool try_dense(void* stream, const TensorView& out, F f, const char* name, const TensorView& a,
+               const TensorView* b = nullptr, const TensorView* c = nullptr) {
+  constexpr std::size_t widest = std::max({sizeof(Y), sizeof(A), sizeof(B), sizeof(C)});
+  constexpr int V = static_cast<int>(16 / widest);
+  const std::int64_t n = numel(out.shape);
+  auto at = [](const TensorView& v, std::size_t size) {
+    return static_cast<char*>(v.data) + v.offset * static_cast<std::int64_t>(size);
+  };
+  auto dense = [&](const TensorView& v, std::size_t size) {
+    return v.shape == out.shape && v.strides == contiguous_strides(v.shape) &&
+           reinterpret_cast<std::uintptr_t>(at(v, size)) % (size * V) == 0;
+  };
+  if (n < V || !dense(out, sizeof(Y))) return false;
+  auto operand = [&]<class T>(const TensorView* v, Dense<T>& d) {
+    if (v == nullptr) {
+      d = Dense<T>{reinterpret_cast<const T*>(at(a, sizeof(A))), true};
+      return true;
+    }
+    d = Dense<T>{reinterpret_cast<const T*>(at(*v, sizeof(T))), numel(v->shape) == 1};
+    return d.one || dense(*v, sizeof(T));
+  };
+  Dense<A> da{};
+  Dense<B> db{};
+  Dense<C> dc{};
+  if (!operand(&a, da) || !operand(b, db) || !operand(c, dc)) return false;
+  detail::clear_last_error();
+  dense_kernel<V, Y, A, B, C, F><<<blocks_for((n + V - 1) / V), 256, 0, detail::as_stream(stream)>>>(
+      reinterpret_cast<Y*>(at(out, sizeof(Y))), n, f, da, db, dc);
+  check_launch(name);
+  return true;
 }
 
 template <class T>
@@ -238,14 +275,14 @@ T* ptr(const TensorView& v) {
 
 void unary(void* stream, UnaryOp op, const TensorView& a, const TensorView& out) {
   dispatch(out.dtype, [&]<class T>() {
-    if (try_dense<T>(stream, a, nullptr, out, UnaryV<T>{op}, "unary kernel")) return;
+    if (try_dense<T, T>(stream, out, UnaryV<T>{op}, "unary kernel", a)) return;
     launch_map<2>(stream, {&a, &out}, out.shape, UnaryF<T>{ptr<T>(a), ptr<T>(out), op}, "unary kernel");
   });
 }
 
 void binary(void* stream, BinaryOp op, const TensorView& a, const TensorView& b, const TensorView& out) {
   dispatch(out.dtype, [&]<class T>() {
-    if (try_dense<T>(stream, a, &b, out, BinaryV<T>{op}, "binary kernel")) return;
+    if (try_dense<T, T>(stream, out, BinaryV<T>{op}, "binary kernel", a, &b)) return;
     launch_map<3>(stream, {&a, &b, &out}, out.shape, BinaryF<T>{ptr<T>(a), ptr<T>(b), ptr<T>(out), op},
                   "binary kernel");
   });
@@ -254,7 +291,7 @@ void binary(void* stream, BinaryOp op, const TensorView& a, const TensorView& b,
 void binary_scalar(void* stream, BinaryOp op, const TensorView& a, double scalar, bool scalar_first,
                    const TensorView& out) {
   dispatch(out.dtype, [&]<class T>() {
-    if (try_dense<T>(stream, a, nullptr, out, ScalarV<T>{op, convert_value<T>(scalar), scalar_first}, "scalar kernel")) {
+    if (try_dense<T, T>(stream, out, ScalarV<T>{op, convert_value<T>(scalar), scalar_first}, "scalar kernel", a)) {
       return;
     }
     launch_map<2>(stream, {&a, &out}, out.shape,
@@ -265,6 +302,7 @@ void binary_scalar(void* stream, BinaryOp op, const TensorView& a, double scalar
 
 void compare(void* stream, CompareOp op, const TensorView& a, const TensorView& b, const TensorView& out) {
   dispatch(a.dtype, [&]<class T>() {
+    if (try_dense<bool, T>(stream, out, CompareV<T>{op}, "compare kernel", a, &b)) return;
     launch_map<3>(stream, {&a, &b, &out}, out.shape, CompareF<T>{ptr<T>(a), ptr<T>(b), ptr<bool>(out), op},
                   "compare kernel");
   });
@@ -272,6 +310,7 @@ void compare(void* stream, CompareOp op, const TensorView& a, const TensorView& 
 
 void compare_scalar(void* stream, CompareOp op, const TensorView& a, double scalar, const TensorView& out) {
   dispatch(a.dtype, [&]<class T>() {
+    if (try_dense<bool, T>(stream, out, CompareScalarV<T>{op, convert_value<T>(scalar)}, "compare kernel", a)) return;
     launch_map<2>(stream, {&a, &out}, out.shape,
                   CompareScalarF<T>{ptr<T>(a), convert_value<T>(scalar), ptr<bool>(out), op},
                   "compare kernel");
@@ -281,6 +320,7 @@ void compare_scalar(void* stream, CompareOp op, const TensorView& a, double scal
 void where(void* stream, const TensorView& cond, const TensorView& a, const TensorView& b,
            const TensorView& out) {
   dispatch(out.dtype, [&]<class T>() {
+    if (try_dense<T, bool, T, T>(stream, out, WhereV<T>{}, "where kernel", cond, &a, &b)) return;
     launch_map<4>(stream, {&cond, &a, &b, &out}, out.shape,
                   WhereF<T>{ptr<bool>(cond), ptr<T>(a), ptr<T>(b), ptr<T>(out)}, "where kernel");
   });
@@ -289,6 +329,7 @@ void where(void* stream, const TensorView& cond, const TensorView& a, const Tens
 void copy_cast(void* stream, const TensorView& a, const TensorView& out) {
   dispatch(a.dtype, [&]<class S>() {
     dispatch(out.dtype, [&]<class D>() {
+      if (try_dense<D, S>(stream, out, CastV<S, D>{}, "copy kernel", a)) return;
       launch_map<2>(stream, {&a, &out}, out.shape, CastF<S, D>{ptr<S>(a), ptr<D>(out)}, "copy kernel");
     });
   });

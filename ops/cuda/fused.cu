@@ -6,10 +6,11 @@
 // separate kernels'), and stores only the results someone holds. The other
 // step results never leave the thread.
 //
-// The program travels as the kernel's parameter block (about 2.6 KiB of
-// the 4 KiB CUDA allows): the steps, the inputs' pointers and dtypes, and
-// their strides broadcast to the domain over the merged loop nest the
-// per-op kernels use, so a dense program needs no 64-bit division.
+// The program travels as the kernel's parameter block (under 3 KiB of the
+// 4 KiB CUDA allows): the steps, the inputs' pointers and dtypes, and their
+// strides broadcast to the domain over the merged loop nest the per-op
+// kernels use (../src/indexer.hpp), so a dense program needs no division
+// and a broadcast one no 64-bit division.
 #include "common.cuh"
 #include "element_ops.cuh"
 
@@ -139,17 +140,7 @@ __global__ void fused_kernel(const Program p, std::int64_t n) {
        i += static_cast<std::int64_t>(blockDim.x) * gridDim.x) {
     // The inputs' element offsets for the domain's row-major index i.
     std::int64_t off[kMaxInputs];
-    for (int k = 0; k < p.num_inputs; ++k) off[k] = p.ix.offset[k];
-    if (p.ix.rank == 1) {
-      for (int k = 0; k < p.num_inputs; ++k) off[k] += i * p.ix.strides[k][0];
-    } else {
-      std::int64_t rest = i;
-      for (int d = p.ix.rank - 1; d >= 0; --d) {
-        const std::int64_t idx = rest % p.ix.shape[d];
-        rest /= p.ix.shape[d];
-        for (int k = 0; k < p.num_inputs; ++k) off[k] += idx * p.ix.strides[k][d];
-      }
-    }
+    p.ix.offsets(i, off, p.num_inputs);
     for (int k = 0; k < p.num_inputs; ++k) ext[k] = load(p.in[k], p.in_type[k], off[k]);
     for (int s = 0; s < p.num_steps; ++s) {
       const Step& st = p.steps[s];

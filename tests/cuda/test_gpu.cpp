@@ -102,6 +102,36 @@ TEST_SUITE("gpu") {
             (di * 3.0 + di).to_vector<std::int32_t>());
       const NDArray dd = d.astype(DType::kFloat64);
       CHECK((dd.copyto(gpu(0)) * dd.copyto(gpu(0)) - 2.0).to_vector<double>() == (dd * dd - 2.0).to_vector<double>());
+      // the dense path of comparisons, where and casts: operands of mixed
+      // widths (a bool mask beside float64 values, int64 to float32)
+      const NDArray e = nd::array(test::random_values<float>(10001, 14), {10001}, cpu());
+      const NDArray gd = d.copyto(gpu(0));
+      const NDArray ge = e.copyto(gpu(0));
+      CHECK((gd < ge).to_vector<bool>() == (d < e).to_vector<bool>());
+      CHECK((gd >= 0.25).to_vector<bool>() == (d >= 0.25).to_vector<bool>());
+      CHECK(nd::where(gd > ge, gd, ge * 2.0).to_vector<float>() == nd::where(d > e, d, e * 2.0).to_vector<float>());
+      const NDArray mask = dd > 0.0;
+      CHECK(nd::where(mask.copyto(gpu(0)), dd.copyto(gpu(0)), dd.copyto(gpu(0)) * -1.0).to_vector<double>() ==
+            nd::where(mask, dd, dd * -1.0).to_vector<double>());
+      const NDArray di64 = (d * 1e6).astype(DType::kInt64);
+      CHECK(di64.copyto(gpu(0)).astype(DType::kFloat32).to_vector<float>() ==
+            di64.astype(DType::kFloat32).to_vector<float>());
+      CHECK(gd.astype(DType::kFloat64).to_vector<double>() == d.astype(DType::kFloat64).to_vector<double>());
+      CHECK(mask.copyto(gpu(0)).astype(DType::kInt32).to_vector<std::int32_t>() ==
+            mask.astype(DType::kInt32).to_vector<std::int32_t>());
+      // broadcasts and a transposed view: the strided kernel's 32-bit
+      // division by precomputed magic numbers (ops/src/indexer.hpp)
+      const NDArray m2 = nd::array(test::random_values<float>(37 * 53, 15), {37, 53}, cpu());
+      const NDArray row = nd::array(test::random_values<float>(53, 16), {53}, cpu());
+      const NDArray col = nd::array(test::random_values<float>(37, 17), {37, 1}, cpu());
+      const NDArray t3 = nd::array(test::random_values<float>(5 * 37 * 53, 18), {53, 37, 5}, cpu());
+      auto bcast = [](const NDArray& m, const NDArray& r, const NDArray& c, const NDArray& t) {
+        const NDArray tt = t.transpose({2, 1, 0});  // [5, 37, 53], strided
+        return (m * r - c + tt).to_vector<float>();
+      };
+      CHECK(bcast(m2.copyto(gpu(0)), row.copyto(gpu(0)), col.copyto(gpu(0)), t3.copyto(gpu(0))) ==
+            bcast(m2, row, col, t3));
+      CHECK((m2.copyto(gpu(0)) > col.copyto(gpu(0))).to_vector<bool>() == (m2 > col).to_vector<bool>());
       nd::set_fusion(was);
     }
     // integer arithmetic wraps as on the CPU

@@ -6,14 +6,16 @@
 // reading neighbouring elements and combining with warp shuffles (the
 // combine is commutative and associative, so the tree's order gives the
 // same max, min and argmax, and sums within rounding of a double). Over any
-// other axis: one thread per output element walking the axis (threads of a
-// warp read neighbouring elements, one per output).
+// other axis: a block per group of up to 32 neighbouring output elements,
+// its threads reading along the inner dim (coalesced) and splitting the
+// axis, combined by a tree in shared memory (columns_kernel).
 #include "common.cuh"
 
 #include <cub/device/device_reduce.cuh>
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/iterator/transform_iterator.h>
 
+#include <algorithm>
 #include <limits>
 #include <string>
 
@@ -95,19 +97,45 @@ __global__ void finish_kernel(ReduceOp op, const Item<T>* in, O* out, std::int64
   out[0] = result<T, O>(op, *in, len);
 }
 
-// One output element per thread: lane (o, i) reduces x[o*len*inner + l*inner + i].
+// Over an axis that is not the last: output lane (o, i) reduces
+// x[o*len*inner + l*inner + i] over l. A block of bx * by threads (bx * by
+// = kColumnThreads) takes bx neighbouring lanes of one o: threadIdx.x picks
+// the lane, so a warp's loads are coalesced along the inner dim, and the by
+// threads of a lane split the axis (l = threadIdx.y, + by, ...); they then
+// combine in shared memory by a tree of fixed shape (deterministic). bx is
+// the inner size rounded up to a power of two, at most 32: few lanes get
+// more threads along the axis.
+constexpr int kColumnThreads = 256;
+
 template <class T, class O>
-__global__ void lanes_kernel(ReduceOp op, const T* x, O* y, std::int64_t outer, std::int64_t len,
-                             std::int64_t inner) {
+__global__ void columns_kernel(ReduceOp op, const T* x, O* y, std::int64_t outer, std::int64_t len,
+                               std::int64_t inner) {
+  extern __shared__ __align__(16) unsigned char column_shared[];
+  Item<T>* part = reinterpret_cast<Item<T>*>(column_shared);  // [by][bx]
   const Combine<T> combine{op};
-  for (std::int64_t lane = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-       lane < outer * inner; lane += static_cast<std::int64_t>(blockDim.x) * gridDim.x) {
-    const std::int64_t o = lane / inner;
-    const std::int64_t i = lane % inner;
-    const T* p = x + o * len * inner + i;
+  const int bx = static_cast<int>(blockDim.x);
+  const int by = static_cast<int>(blockDim.y);
+  const int tx = static_cast<int>(threadIdx.x);
+  const int ty = static_cast<int>(threadIdx.y);
+  const std::int64_t tiles = (inner + bx - 1) / bx;  // lane groups per o
+  for (std::int64_t b = blockIdx.x; b < outer * tiles; b += gridDim.x) {
+    const std::int64_t o = b / tiles;
+    const std::int64_t i = (b - o * tiles) * bx + tx;
     Item<T> acc{Acc<T>(0), T{}, -1};
-    for (std::int64_t l = 0; l < len; ++l) acc = combine(acc, Item<T>{static_cast<Acc<T>>(p[l * inner]), p[l * inner], l});
-    y[lane] = result<T, O>(op, acc, len);
+    if (i < inner) {
+      const T* p = x + o * len * inner + i;
+      for (std::int64_t l = ty; l < len; l += by) {
+        acc = combine(acc, Item<T>{static_cast<Acc<T>>(p[l * inner]), p[l * inner], l});
+      }
+    }
+    part[ty * bx + tx] = acc;
+    __syncthreads();
+    for (int half = by / 2; half > 0; half /= 2) {
+      if (ty < half) part[ty * bx + tx] = combine(part[ty * bx + tx], part[(ty + half) * bx + tx]);
+      __syncthreads();
+    }
+    if (ty == 0 && i < inner) y[o * inner + i] = result<T, O>(op, part[tx], len);
+    __syncthreads();  // part is reused by the block's next lane group
   }
 }
 
@@ -167,9 +195,14 @@ void reduce(void* stream, ReduceOp op, const TensorView& a, bool all, int axis, 
           return;
         }
         if (outer * inner > 1 || len == 0) {
+          int bx = 1;
+          while (bx < 32 && bx < inner) bx *= 2;
+          const dim3 block(static_cast<unsigned>(bx), static_cast<unsigned>(kColumnThreads / bx));
+          const std::int64_t groups = outer * ((inner + bx - 1) / bx);
+          const int grid = static_cast<int>(std::min<std::int64_t>(groups, 65535 * 16));
           detail::clear_last_error();
-          lanes_kernel<T, O><<<detail::blocks_for(outer * inner), 256, 0, s>>>(op, x, y, outer, len, inner);
-          detail::check_launch("reduce kernel");
+          columns_kernel<T, O><<<grid, block, kColumnThreads * sizeof(Item<T>), s>>>(op, x, y, outer, len, inner);
+          detail::check_launch("reduce kernel (columns)");
           return;
         }
         auto in = thrust::make_transform_iterator(thrust::counting_iterator<std::int64_t>(0), Load<T>{x});

@@ -134,6 +134,20 @@ TEST_SUITE("gpu") {
       CHECK((m2.copyto(gpu(0)) > col.copyto(gpu(0))).to_vector<bool>() == (m2 > col).to_vector<bool>());
       nd::set_fusion(was);
     }
+    {
+      // reductions over an axis that is not the last: few outputs over a
+      // long axis (threads of a block split it), and many outputs
+      const NDArray tall = nd::array(test::random_values<float>(100000 * 3, 19), {100000, 3}, cpu());
+      const NDArray cube = nd::array(test::random_values<float>(7 * 5000 * 33, 20), {7, 5000, 33}, cpu());
+      const NDArray gt = tall.copyto(gpu(0));
+      const NDArray gc = cube.copyto(gpu(0));
+      check_close(gt.sum(0).to_vector<float>(), tall.sum(0).to_vector<float>(), 1e-4, 1e-3);
+      check_close(gc.mean(1).to_vector<float>(), cube.mean(1).to_vector<float>(), 1e-5, 1e-5);
+      CHECK(gt.max(0).to_vector<float>() == tall.max(0).to_vector<float>());
+      CHECK(gc.min(1).to_vector<float>() == cube.min(1).to_vector<float>());
+      CHECK(gt.argmax(0).to_vector<std::int64_t>() == tall.argmax(0).to_vector<std::int64_t>());
+      CHECK(gc.argmax(1).to_vector<std::int64_t>() == cube.argmax(1).to_vector<std::int64_t>());
+    }
     // integer arithmetic wraps as on the CPU
     const std::vector<std::int32_t> big{2147483647, -2147483647 - 1, 7};
     NDArray hb32 = nd::array(big, {3}, cpu());

@@ -195,7 +195,7 @@ void EngineImpl::run_everything(const char* when) noexcept {
       std::cerr << "lazydag: " << when << " with an error no wait collected: " << e.what() << '\n';
     }
     drain_graveyard();
-    if (graveyard_.load(std::memory_order_acquire) == nullptr && unfinished() == 0) break;
+    if (graveyard_.empty() && counts_.unfinished() == 0) break;
   }
 }
 

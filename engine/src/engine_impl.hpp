@@ -21,9 +21,12 @@
 #include <string>
 #include <vector>
 
+#include "event_count.hpp"
 #include "graph_mutex.hpp"
+#include "graveyard.hpp"
 #include "node.hpp"
 #include "node_pool.hpp"
+#include "pending_counts.hpp"
 #include "ready_queue.hpp"
 #include "var_table.hpp"
 
@@ -224,65 +227,11 @@ class EngineImpl {
   bool batching_ = false;
   ReadyBatch ready_batch_;
 
-  // Unfinished nodes, counted by the parity of the waitall epoch they were
-  // recorded in: recorded minus completed. A waitall flips the epoch
-  // (recorder lock) and waits until the old parity's completed count equals
-  // its recorded count: every node recorded before it is then done. (Nodes
-  // recorded after a second, concurrent waitall's flip share that parity:
-  // the first waitall may wait for them too, never too little.)
-  //
-  // The recorder writes only `rec_` and the completers only `done_`: one
-  // counter that both sides modify moved a cache line between the recording
-  // core and the worker's core twice per node (a tenth of chain_async's
-  // samples). The recorder checks its windows against a stale copy of the
-  // completed counts, a lower bound, so the difference it computes is an
-  // upper bound; it reloads them only when that bound passes a limit.
-  struct alignas(64) RecordedCounts {
-    std::array<std::atomic<std::int64_t>, 2> by_epoch{};  // written under the recorder lock
-    std::atomic<std::size_t> bytes{0};                    // cost_bytes recorded (eager's byte window)
-    std::atomic<std::size_t> peak_unfinished{0};
-    // Recorder lock: copies of done_'s totals, reloaded when needed.
-    std::int64_t seen_done = 0;
-    std::size_t seen_done_bytes = 0;
-    std::uint32_t since_sample = 0;
-  };
-  struct alignas(64) CompletedCounts {
-    std::array<std::atomic<std::int64_t>, 2> by_epoch{};
-    std::atomic<std::size_t> bytes{0};
-  };
   std::uint64_t waitall_epoch_ = 0;  // recorder lock
-  RecordedCounts rec_;
-  CompletedCounts done_;
-  // Exact counts (any thread): completed read first, so the difference is
-  // never below the number unfinished when the completed count was read.
-  [[nodiscard]] std::int64_t unfinished_in(std::size_t parity) const noexcept {
-    const std::int64_t d = done_.by_epoch[parity].load(std::memory_order_seq_cst);
-    return rec_.by_epoch[parity].load(std::memory_order_seq_cst) - d;
-  }
-  [[nodiscard]] std::size_t unfinished() const noexcept {
-    const std::int64_t d = done_.by_epoch[0].load(std::memory_order_seq_cst) +
-                           done_.by_epoch[1].load(std::memory_order_seq_cst);
-    return static_cast<std::size_t>(rec_.by_epoch[0].load(std::memory_order_seq_cst) +
-                                    rec_.by_epoch[1].load(std::memory_order_seq_cst) - d);
-  }
-  [[nodiscard]] std::size_t unfinished_bytes() const noexcept {
-    const std::size_t d = done_.bytes.load(std::memory_order_seq_cst);
-    return rec_.bytes.load(std::memory_order_seq_cst) - d;
-  }
-  // Past `factor` times the window (count or bytes): a frontend stalls.
-  // Exact; any thread.
-  [[nodiscard]] bool over_window(std::size_t factor) const noexcept {
-    return (options_.max_pending != 0 && unfinished() > factor * options_.max_pending) ||
-           (options_.policy == Policy::kEager && options_.max_pending_bytes != 0 &&
-            unfinished_bytes() > factor * options_.max_pending_bytes);
-  }
-  // The same from the recorder's copies (recorder lock): reloads them only
-  // when the upper bound they give is past the window.
-  bool recorder_over_window(std::size_t factor) noexcept;
-  // Reloads the copies and samples the peak (recorder lock); record() calls
-  // it every kPeakSample records.
-  void reload_done() noexcept;
-  static constexpr std::uint32_t kPeakSample = 64;
+  // Unfinished nodes and bytes by waitall epoch (pending_counts.hpp); the
+  // byte window is eager's only.
+  PendingCounts counts_{PendingCounts::Limits{
+      options_.max_pending, options_.policy == Policy::kEager ? options_.max_pending_bytes : 0}};
 
   // Statistics of failed and skipped completions, one cache line per shard;
   // a thread keeps to one shard (relaxed: statistics). Nodes run are the
@@ -297,7 +246,7 @@ class EngineImpl {
 
   // Functions that ran on a worker or device thread, waiting to be
   // destroyed by a frontend thread (see bury()).
-  alignas(64) std::atomic<Node*> graveyard_{nullptr};
+  Graveyard graveyard_;
 
   // Scheduling.
   ReadyQueue<Node> queue_;  // one ref per entry
@@ -309,14 +258,12 @@ class EngineImpl {
   std::atomic<int> live_tasks_{0};      // runner tasks not yet returned (the destructor waits)
   std::unique_ptr<tbb::task_arena> arena_;
 
-  // Waiting: frontend threads park on `epoch_` (a futex word bumped by
-  // every event a waiter may be waiting for).
+  // Waiting: frontend threads park on `events_`, notified by every event a
+  // waiter may be waiting for.
   std::array<Waiter, kMaxWaiters> waiters_;
-  std::atomic<std::uint32_t> waiters_in_use_{0};
   std::atomic<std::uint32_t> all_waiters_{0};       // kAll waits registered
   std::atomic<std::uint32_t> throttle_waiters_{0};
-  std::atomic<std::uint32_t> epoch_{0};
-  std::atomic<std::uint32_t> parked_{0};            // threads parked on epoch_
+  EventCount events_;
 
   // Errors of failed nodes no wait has reported yet (failures are rare).
   std::mutex errors_mu_;

@@ -97,13 +97,11 @@ std::string EngineImpl::describe_pending(Node* target) {
 EngineStats EngineImpl::stats() const {
   EngineStats s;
   // Both parities' recorded counts are cumulative: their sum is every node recorded.
-  s.nodes_recorded = static_cast<std::uint64_t>(rec_.by_epoch[0].load(std::memory_order_relaxed) +
-                                                rec_.by_epoch[1].load(std::memory_order_relaxed));
+  s.nodes_recorded = static_cast<std::uint64_t>(counts_.recorded_total());
   // Nodes run: completions less skipped ones. A node is counted as skipped
   // just before it completes, so while nodes complete the difference may
   // briefly fall short (never below 0); it is exact once they are done.
-  const auto completed = static_cast<std::uint64_t>(done_.by_epoch[0].load(std::memory_order_seq_cst) +
-                                                    done_.by_epoch[1].load(std::memory_order_seq_cst));
+  const auto completed = static_cast<std::uint64_t>(counts_.completed_total());
   for (const RunCounts& c : run_counts_) {
     s.nodes_failed += c.failed.load(std::memory_order_relaxed);
     s.nodes_skipped += c.skipped.load(std::memory_order_relaxed);
@@ -111,8 +109,8 @@ EngineStats EngineImpl::stats() const {
   s.nodes_run = completed > s.nodes_skipped ? completed - s.nodes_skipped : 0;
   s.nodes_launched = nodes_launched_.load(std::memory_order_relaxed);
   s.in_flight_stalls = in_flight_stalls_.load(std::memory_order_relaxed);
-  s.unfinished = unfinished();
-  s.peak_unfinished = rec_.peak_unfinished.load(std::memory_order_relaxed);
+  s.unfinished = counts_.unfinished();
+  s.peak_unfinished = counts_.peak();
   for (std::size_t k = 0; k < kBlockingCallKinds; ++k) {
     s.blocking_calls[k] = blocking_calls_[k].load(std::memory_order_relaxed);
     s.blocking_waits += s.blocking_calls[k];

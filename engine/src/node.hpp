@@ -162,7 +162,7 @@ struct Node {
   // With write_sources, when some writes failed through their inputs and
   // the node ran: write j's error (null for those computed), else empty.
   std::vector<ErrorPtr> write_errors;
-  Node* grave_next = nullptr;       // EngineImpl::graveyard_
+  Node* grave_next = nullptr;       // Graveyard (graveyard.hpp)
   bool failed = false;  // its function threw
   bool run_here = false;  // claimed by claim_now without a ref (cleared by finish_node)
   bool launch_failed = false;  // stream node: launch threw, nothing was enqueued

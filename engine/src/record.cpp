@@ -118,43 +118,11 @@ std::uint32_t EngineImpl::link(Node* n, std::span<VarState* const> pure_reads,
   return refs;
 }
 
-void EngineImpl::reload_done() noexcept {
-  rec_.since_sample = 0;
-  rec_.seen_done = done_.by_epoch[0].load(std::memory_order_seq_cst) +
-                   done_.by_epoch[1].load(std::memory_order_seq_cst);
-  rec_.seen_done_bytes = done_.bytes.load(std::memory_order_seq_cst);
-  const auto live = static_cast<std::size_t>(rec_.by_epoch[0].load(std::memory_order_relaxed) +
-                                             rec_.by_epoch[1].load(std::memory_order_relaxed) - rec_.seen_done);
-  if (live > rec_.peak_unfinished.load(std::memory_order_relaxed)) {
-    rec_.peak_unfinished.store(live, std::memory_order_relaxed);
-  }
-}
-
-bool EngineImpl::recorder_over_window(std::size_t factor) noexcept {
-  auto over = [&] {
-    const std::int64_t recorded =
-        rec_.by_epoch[0].load(std::memory_order_relaxed) + rec_.by_epoch[1].load(std::memory_order_relaxed);
-    return (options_.max_pending != 0 &&
-            static_cast<std::size_t>(recorded - rec_.seen_done) > factor * options_.max_pending) ||
-           (options_.policy == Policy::kEager && options_.max_pending_bytes != 0 &&
-            rec_.bytes.load(std::memory_order_relaxed) - rec_.seen_done_bytes > factor * options_.max_pending_bytes);
-  };
-  if (!over()) return false;  // the upper bound is within the window
-  reload_done();
-  return over();
-}
-
 void EngineImpl::record(Node* n) {
   n->seq = next_seq_++;
   n->live = true;
   n->epoch = static_cast<std::uint8_t>(waitall_epoch_ & 1);
-  // Recorders are serialised: load and store, no read-modify-write.
-  auto& recorded = rec_.by_epoch[n->epoch];
-  recorded.store(recorded.load(std::memory_order_relaxed) + 1, std::memory_order_release);
-  if (n->cost_bytes != 0) {
-    rec_.bytes.store(rec_.bytes.load(std::memory_order_relaxed) + n->cost_bytes, std::memory_order_release);
-  }
-  if (++rec_.since_sample >= kPeakSample) reload_done();  // samples the peak
+  counts_.recorded(n->epoch, n->cost_bytes);
   switch (options_.policy) {
     case Policy::kNaive:
       return;  // requested by the wait in push, or at once when recorded by a running op
@@ -341,7 +309,7 @@ void EngineImpl::push(Function fn, std::span<const Var> reads, std::span<const V
       BatchedRequests batch(*this);
       while (unreq_count_ > target) request(unreq_head_);
     }
-    throttle = !in_op && recorder_over_window(2);
+    throttle = !in_op && counts_.recorder_over_window(2);
   }
   const bool run_now = naive && !in_op;
   if (run_now) NodePool::retain(n);

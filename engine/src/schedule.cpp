@@ -189,7 +189,7 @@ void EngineImpl::notify_idle() {
       return;
     }
   }
-  if (parked_.load(std::memory_order_seq_cst) != 0 &&
+  if (events_.any_parked() &&
       (num_threads_ == 0 || all_waiters_.load(std::memory_order_relaxed) != 0 ||
        throttle_waiters_.load(std::memory_order_relaxed) != 0)) {
     wake_waiters();
@@ -366,26 +366,18 @@ void EngineImpl::execute(Node* n, const RunContext& ctx) {
 
 // A function that ran on a worker or a device thread is destroyed by the
 // next frontend call (push, a wait) instead, unless destroying it runs no
-// code (captures of pointers and numbers, stored inline; reset at once).
-// Its captures were allocated by the frontend (arrays, buffers, shape
-// vectors), and freeing them here would
-// hand every allocation across threads (contended malloc arenas, the host
-// pool) and take the recorder lock for every var their destructors delete.
-// Destroyed in batches by the frontend, they stay thread-local. The node
-// (one ref) lives until then. Any thread; lock-free MPSC stack.
+// code (captures of pointers and numbers, stored inline; reset at once):
+// see graveyard.hpp. The node (one ref) lives until then. Any thread.
 void EngineImpl::bury(Node* n) noexcept {
   NodePool::retain(n);
-  Node* head = graveyard_.load(std::memory_order_relaxed);
-  do {
-    n->grave_next = head;
-  } while (!graveyard_.compare_exchange_weak(head, n, std::memory_order_release, std::memory_order_relaxed));
+  graveyard_.bury(n);
 }
 
 // A frontend thread outside any op, holding no engine lock: destroys the
 // buried functions (their destructors may record, which drains again).
 void EngineImpl::drain_graveyard() noexcept {
-  if (graveyard_.load(std::memory_order_relaxed) == nullptr) return;
-  Node* n = graveyard_.exchange(nullptr, std::memory_order_acquire);
+  Node* n = graveyard_.take_all();
+  if (n == nullptr) return;
   // "Inside the op" while captures are destroyed, as if on the thread that
   // ran them: a destructor that records does not drain, wait or stall.
   const EngineImpl* outer = tls_running_engine;
@@ -447,18 +439,15 @@ Node* EngineImpl::complete(Node* n, Bypass bypass) {
     for (VarState* v : n->reads) vars_.drop(v);
     for (VarState* v : n->writes) vars_.drop(v);
   }
-  if (n->cost_bytes != 0) done_.bytes.fetch_add(n->cost_bytes, std::memory_order_seq_cst);
   // seq_cst: a waitall raises all_waiters_ and then compares the counts.
   // Only then is the recorded count read (the recorder's cache line): the
-  // completion that makes the counts equal wakes it. Every completion
-  // counted here was recorded before, so the completed count never passes
-  // the recorded one.
-  const std::int64_t completed = done_.by_epoch[n->epoch].fetch_add(1, std::memory_order_seq_cst) + 1;
+  // completion that makes the counts equal wakes it.
+  const std::int64_t completed = counts_.completed(n->epoch, n->cost_bytes);
   const bool epoch_drained = all_waiters_.load(std::memory_order_seq_cst) != 0 &&
-                             completed == rec_.by_epoch[n->epoch].load(std::memory_order_seq_cst);
+                             completed == counts_.recorded_in(n->epoch);
   if (n->waiters.load(std::memory_order_seq_cst) != 0 ||
       epoch_drained ||
-      (throttle_waiters_.load(std::memory_order_seq_cst) != 0 && !over_window(1))) {
+      (throttle_waiters_.load(std::memory_order_seq_cst) != 0 && !counts_.over_window(1))) {
     wake_waiters();
   }
   pool_.release(n);  // the unfinished ref

@@ -6,12 +6,13 @@
 //
 // A waiting thread is a worker: it runs the nodes handed to its help list
 // (its required subgraph), then anything on the ready queue. With nothing
-// to run it spins briefly, then parks on the futex word `epoch_`. Every
-// event a waiter can wait for (its target done, the oldest unfinished node
-// advancing past a waitall, the window draining, work handed to it) bumps
-// `epoch_` after making itself visible; a waiter reads `epoch_` before its
-// last check of its condition, so a bump in between makes the futex return
-// at once: no wake-up is lost.
+// to run it spins briefly, then parks on the event count `events_`
+// (event_count.hpp). Every event a waiter can wait for (its target done,
+// the oldest unfinished node advancing past a waitall, the window
+// draining, work handed to it) notifies it after making itself visible; a
+// waiter takes the epoch before its last check of its condition, so a
+// notification in between makes the park return at once: no wake-up is
+// lost.
 #include "engine_impl.hpp"
 #include "errors.hpp"
 
@@ -66,10 +67,7 @@ class BlockingScope {
   std::uint64_t t0_ = 0;
 };
 
-void EngineImpl::wake_waiters() noexcept {
-  epoch_.fetch_add(1, std::memory_order_seq_cst);
-  if (parked_.load(std::memory_order_seq_cst) != 0) futex_wake_all(epoch_);
-}
+void EngineImpl::wake_waiters() noexcept { events_.notify_all(); }
 
 // A waiter slot (tag = index + 1), or 0 when all are taken: the wait then
 // runs untagged (it still helps with the ready queue). The counters are
@@ -234,8 +232,7 @@ bool EngineImpl::help_until(std::uint32_t tag, Done done, bool watchdog) {
       return !w->help.empty();
     });
     if (more) continue;
-    parked_.fetch_add(1, std::memory_order_seq_cst);
-    const std::uint32_t e = epoch_.load(std::memory_order_seq_cst);
+    const std::uint32_t e = events_.prepare();
     bool work = done() || (global && !queue_.empty());
     if (!work && w != nullptr) {
       std::lock_guard g(w->lock);
@@ -248,9 +245,9 @@ bool EngineImpl::help_until(std::uint32_t tag, Done done, bool watchdog) {
             0, std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - std::chrono::steady_clock::now())
                    .count());
       }
-      futex_wait(epoch_, e, timeout);
+      events_.park(e, timeout);
     }
-    parked_.fetch_sub(1, std::memory_order_seq_cst);
+    events_.done();
     if (timed && std::chrono::steady_clock::now() >= deadline && !done()) {
       set_idle(false);
       return false;
@@ -353,7 +350,7 @@ void EngineImpl::throttle_frontend() {
     Stall& operator=(const Stall&) = delete;
   } stall(hooks);
   const std::uint32_t tag = register_waiter(WaitMode::kThrottle);
-  help_until(tag, [&] { return !over_window(1); },
+  help_until(tag, [&] { return !counts_.over_window(1); },
              /*watchdog=*/false);
   unregister_waiter(tag, WaitMode::kThrottle);
 }
@@ -455,7 +452,7 @@ void EngineImpl::wait_all_recorded(bool watchdog) {
     while (unreq_tail_ != nullptr) request(unreq_tail_);
   }
   const bool finished = help_until(
-      tag, [&] { return unfinished_in(slot) == 0; }, watchdog);
+      tag, [&] { return counts_.unfinished_in(slot) == 0; }, watchdog);
   unregister_waiter(tag, WaitMode::kAll);
   drain_graveyard();
   if (!finished) {

@@ -1,36 +1,62 @@
-// The engine's graph lock: a mutex that spins briefly before sleeping.
+// The engine's graph lock: a futex mutex that spins briefly before sleeping.
 #pragma once
 
-#include <pthread.h>
+#include <atomic>
+#include <cstdint>
+
+#include "sync.hpp"
 
 namespace lazydag::engine::detail {
 
 /// Critical sections under the graph lock are short (O(read + write set)),
-/// so a waiter that spins a little usually gets the lock without the two
-/// futex system calls of a sleeping std::mutex. glibc's adaptive mutex does
-/// exactly that and falls back to sleeping under real contention.
-/// Lockable: use with std::unique_lock and std::condition_variable_any.
+/// so a waiter that spins a little usually gets the lock without sleeping;
+/// under real contention it sleeps on a futex. The uncontended lock is one
+/// compare-and-swap and the unlock one exchange, inlined: glibc's adaptive
+/// mutex, called through the PLT, took about 8% of a recorded `x + 1`
+/// (two lock/unlock pairs: the push and the deletion of its result).
+/// The word is 0 (free), 1 (locked) or 2 (locked, and a thread may sleep
+/// on it): Drepper's "Futexes Are Tricky", mutex 3. Lockable: use with
+/// std::unique_lock.
 class GraphMutex {
  public:
-  GraphMutex() {
-    pthread_mutexattr_t attr;
-    pthread_mutexattr_init(&attr);
-#ifdef PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP
-    pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_ADAPTIVE_NP);
-#endif
-    pthread_mutex_init(&mu_, &attr);
-    pthread_mutexattr_destroy(&attr);
-  }
-  ~GraphMutex() { pthread_mutex_destroy(&mu_); }
+  GraphMutex() = default;
   GraphMutex(const GraphMutex&) = delete;
   GraphMutex& operator=(const GraphMutex&) = delete;
 
-  void lock() noexcept { pthread_mutex_lock(&mu_); }
-  bool try_lock() noexcept { return pthread_mutex_trylock(&mu_) == 0; }
-  void unlock() noexcept { pthread_mutex_unlock(&mu_); }
+  void lock() noexcept {
+    std::uint32_t c = 0;
+    if (word_.compare_exchange_strong(c, 1, std::memory_order_acquire, std::memory_order_relaxed)) return;
+    lock_slow();
+  }
+  bool try_lock() noexcept {
+    std::uint32_t c = 0;
+    return word_.compare_exchange_strong(c, 1, std::memory_order_acquire, std::memory_order_relaxed);
+  }
+  void unlock() noexcept {
+    if (word_.exchange(0, std::memory_order_release) == 2) futex_wake_one(word_);
+  }
 
  private:
-  pthread_mutex_t mu_;
+  void lock_slow() noexcept {
+    // Spin first: the holder is usually a few hundred nanoseconds from
+    // unlocking. Yielding stays out of it: a holder preempted on this core
+    // is what the futex below is for.
+    for (int i = 0; i < kSpins; ++i) {
+      cpu_relax();
+      std::uint32_t c = 0;
+      if (word_.load(std::memory_order_relaxed) == 0 &&
+          word_.compare_exchange_strong(c, 1, std::memory_order_acquire, std::memory_order_relaxed)) {
+        return;
+      }
+    }
+    // Mark it contended, then sleep until an unlock finds the mark. A
+    // thread that takes the lock this way leaves the mark (2): its unlock
+    // may wake a thread for nothing, never miss one.
+    while (word_.exchange(2, std::memory_order_acquire) != 0) futex_wait(word_, 2, -1);
+  }
+
+  static constexpr int kSpins = 128;
+  std::atomic<std::uint32_t> word_{0};
 };
 
 }  // namespace lazydag::engine::detail

@@ -46,6 +46,10 @@ void futex_wake_all(std::atomic<std::uint32_t>& word) noexcept {
   syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
 }
 
+void futex_wake_one(std::atomic<std::uint32_t>& word) noexcept {
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+}
+
 namespace {
 // How long an idle worker looks for work before its task returns.
 constexpr std::chrono::microseconds kRunnerSpin{50};

@@ -67,5 +67,7 @@ bool spin_for(std::chrono::nanoseconds limit, Found found) {
 void futex_wait(std::atomic<std::uint32_t>& word, std::uint32_t expected, std::int64_t timeout_ns) noexcept;
 /// Wakes every thread parked on `word`.
 void futex_wake_all(std::atomic<std::uint32_t>& word) noexcept;
+/// Wakes one thread parked on `word`.
+void futex_wake_one(std::atomic<std::uint32_t>& word) noexcept;
 
 }  // namespace lazydag::engine::detail

@@ -29,6 +29,7 @@
 #include "pending_counts.hpp"
 #include "ready_queue.hpp"
 #include "var_table.hpp"
+#include "waiter_slots.hpp"
 
 namespace lazydag::engine::detail {
 
@@ -44,18 +45,6 @@ struct DeviceSlot {
   std::size_t in_flight = 0;
   std::size_t in_flight_bytes = 0;
   std::deque<Node*> held;         // kDeferred nodes, one ref each, oldest first
-};
-
-enum class WaitMode : std::uint8_t { kNode, kAll, kThrottle };
-
-// A frontend thread inside a blocking call. Slots are preallocated (waits
-// allocate nothing); a node tagged with a slot is handed to it when ready.
-struct Waiter {
-  SpinLock lock;                   // guards help and in_use
-  SmallVector<Node*, 16> help;     // ready nodes of its subgraph, one ref each
-  bool in_use = false;
-  WaitMode mode = WaitMode::kNode;
-  std::atomic<bool> idle{false};   // looking for work (spinning or parked): hand it work
 };
 
 thread_local inline const EngineImpl* tls_running_engine = nullptr;
@@ -107,7 +96,6 @@ class EngineImpl {
 
  private:
   using RecLock = std::unique_lock<GraphMutex>;
-  static constexpr std::uint32_t kMaxWaiters = 64;
   static constexpr int kMaxStreamDevices = 8;
 
   // ---- record.cpp: recorder lock held unless said otherwise
@@ -260,9 +248,7 @@ class EngineImpl {
 
   // Waiting: frontend threads park on `events_`, notified by every event a
   // waiter may be waiting for.
-  std::array<Waiter, kMaxWaiters> waiters_;
-  std::atomic<std::uint32_t> all_waiters_{0};       // kAll waits registered
-  std::atomic<std::uint32_t> throttle_waiters_{0};
+  WaiterSlots waiters_;
   EventCount events_;
 
   // Errors of failed nodes no wait has reported yet (failures are rare).

@@ -122,7 +122,7 @@ void EngineImpl::not_pushed_last() noexcept {
 bool EngineImpl::hand_to_waiter(Node* n) {
   const std::uint32_t tag = n->tag.load(std::memory_order_seq_cst);
   if (tag == 0) return false;
-  Waiter& w = waiters_[tag - 1];
+  Waiter& w = waiters_.at(tag);
   bool handed = false;
   {
     std::lock_guard g(w.lock);
@@ -194,8 +194,8 @@ void EngineImpl::notify_idle() {
     }
   }
   if (events_.any_parked() &&
-      (num_threads_ == 0 || all_waiters_.load(std::memory_order_relaxed) != 0 ||
-       throttle_waiters_.load(std::memory_order_relaxed) != 0)) {
+      (num_threads_ == 0 || waiters_.any_waitall(std::memory_order_relaxed) ||
+       waiters_.any_throttled(std::memory_order_relaxed))) {
     wake_waiters();
   }
 }
@@ -443,15 +443,15 @@ Node* EngineImpl::complete(Node* n, Bypass bypass) {
     for (VarState* v : n->reads) vars_.drop(v);
     for (VarState* v : n->writes) vars_.drop(v);
   }
-  // seq_cst: a waitall raises all_waiters_ and then compares the counts.
+  // seq_cst: a waitall registers (waiters_) and then compares the counts.
   // Only then is the recorded count read (the recorder's cache line): the
   // completion that makes the counts equal wakes it.
   const std::int64_t completed = counts_.completed(n->epoch, n->cost_bytes);
-  const bool epoch_drained = all_waiters_.load(std::memory_order_seq_cst) != 0 &&
+  const bool epoch_drained = waiters_.any_waitall() &&
                              completed == counts_.recorded_in(n->epoch);
   if (n->waiters.load(std::memory_order_seq_cst) != 0 ||
       epoch_drained ||
-      (throttle_waiters_.load(std::memory_order_seq_cst) != 0 && !counts_.over_window(1))) {
+      (waiters_.any_throttled() && !counts_.over_window(1))) {
     wake_waiters();
   }
   pool_.release(n);  // the unfinished ref

@@ -69,43 +69,13 @@ class BlockingScope {
 
 void EngineImpl::wake_waiters() noexcept { events_.notify_all(); }
 
-// A waiter slot (tag = index + 1), or 0 when all are taken: the wait then
-// runs untagged (it still helps with the ready queue). The counters are
-// raised before the caller first checks its condition (seq_cst: see complete).
-std::uint32_t EngineImpl::register_waiter(WaitMode mode) {
-  if (mode == WaitMode::kAll) {
-    all_waiters_.fetch_add(1, std::memory_order_seq_cst);
-  } else if (mode == WaitMode::kThrottle) {
-    throttle_waiters_.fetch_add(1, std::memory_order_seq_cst);
-  }
-  for (std::uint32_t i = 0; i < kMaxWaiters; ++i) {
-    Waiter& w = waiters_[i];
-    std::lock_guard g(w.lock);
-    if (w.in_use) continue;
-    w.in_use = true;
-    w.mode = mode;
-    w.idle.store(false, std::memory_order_relaxed);
-    return i + 1;
-  }
-  return 0;
-}
+// A waiter slot (waiter_slots.hpp), or 0 when all are taken: the wait then
+// runs untagged (it still helps with the ready queue).
+std::uint32_t EngineImpl::register_waiter(WaitMode mode) { return waiters_.acquire(mode); }
 
 void EngineImpl::unregister_waiter(std::uint32_t tag, WaitMode mode) {
-  if (mode == WaitMode::kAll) {
-    all_waiters_.fetch_sub(1, std::memory_order_seq_cst);
-  } else if (mode == WaitMode::kThrottle) {
-    throttle_waiters_.fetch_sub(1, std::memory_order_seq_cst);
-  }
-  if (tag == 0) return;
-  Waiter& w = waiters_[tag - 1];
   SmallVector<Node*, 16> left;
-  {
-    std::lock_guard g(w.lock);
-    w.in_use = false;
-    w.idle.store(false, std::memory_order_relaxed);
-    for (Node* n : w.help) left.push_back(n);
-    w.help.clear();
-  }
+  waiters_.release(tag, mode, left);
   // Work handed only to this waiter (it was idle then) goes to the queue.
   for (Node* n : left) {
     if (n->state.load(std::memory_order_acquire) == NodeState::kReady) {
@@ -156,7 +126,7 @@ void EngineImpl::request_subgraph(Node* target, std::uint32_t tag) {
         // off the queue when it is the newest entry (typically a node
         // recorded just before this wait).
         if (!queue_.remove_newest(n)) NodePool::retain(n);
-        Waiter& w = waiters_[tag - 1];
+        Waiter& w = waiters_.at(tag);
         std::lock_guard g(w.lock);
         w.help.push_back(n);
       }
@@ -200,7 +170,7 @@ bool EngineImpl::help_until(std::uint32_t tag, Done done, bool watchdog) {
                                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                         std::chrono::duration<double>(options_.watchdog_seconds))
                               : std::chrono::steady_clock::time_point{};
-  Waiter* w = tag != 0 ? &waiters_[tag - 1] : nullptr;
+  Waiter* w = tag != 0 ? &waiters_.at(tag) : nullptr;
   // A node wait runs only its own subgraph: an unrelated op may block on
   // something only this thread would do next (a wait must not start it).
   // waitall and the window run anything ready. An untagged node wait (every
@@ -298,7 +268,7 @@ void EngineImpl::wait_node(Node* target) {
   }
   const std::uint32_t tag = register_waiter(WaitMode::kNode);
   target->waiters.fetch_add(1, std::memory_order_seq_cst);
-  if (tag != 0) waiters_[tag - 1].idle.store(true, std::memory_order_seq_cst);  // traversal's first ready node is ours
+  if (tag != 0) waiters_.at(tag).idle.store(true, std::memory_order_seq_cst);  // traversal's first ready node is ours
   request_subgraph(target, tag);
   record_mu_.unlock();
   const bool finished = help_until(

@@ -170,11 +170,11 @@ void SimDevice::executor(Stream& s) {
   }
 }
 
-// Sim memory is host memory from an allocator of its own: the frontend never
-// reads it directly, only through recorded copies, as with a GPU's.
+// Sim memory is host memory from a pool of its own (block_cache.hpp): the
+// frontend never reads it directly, only through recorded copies, as with a
+// GPU's.
 void* SimDevice::allocate(std::size_t bytes, void*) {
-  const std::size_t size = (std::max<std::size_t>(bytes, 1) + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, size);
+  void* p = memory_.allocate(bytes);
   if (p == nullptr) {
     throw Error("sim(" + std::to_string(id_) + "): out of memory allocating " +
                 std::to_string(bytes) + " bytes");
@@ -185,7 +185,7 @@ void* SimDevice::allocate(std::size_t bytes, void*) {
 
 void SimDevice::deallocate(void* p, std::size_t bytes, void*) noexcept {
   if (p == nullptr) return;
-  std::free(p);
+  memory_.deallocate(p, bytes);
   in_use_.fetch_sub(bytes, std::memory_order_relaxed);
 }
 

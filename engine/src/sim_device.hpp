@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "block_cache.hpp"
 #include "stream_ledger.hpp"
 
 namespace lazydag::engine::detail {
@@ -81,6 +82,7 @@ class SimDevice final : public StreamDevice {
   const unsigned max_delay_us_;
   std::vector<std::unique_ptr<Stream>> streams_;
   std::atomic<std::size_t> in_use_{0};
+  BlockCache memory_;  // freed blocks kept for reuse, as a GPU pool does
 
   // Completions, reported in stream order with their device intervals; the
   // device's sticky fault.

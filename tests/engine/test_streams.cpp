@@ -9,10 +9,12 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <stdexcept>
 #include <vector>
 
+#include "../../engine/src/block_cache.hpp"
 #include "support.hpp"
 
 using namespace lazydag;
@@ -252,6 +254,75 @@ TEST_SUITE("engine") {
              {v}, on(kSim1, StreamKind::kCompute, 0, "free"));
     eng.waitall();
     CHECK(dev.bytes_in_use() == before);
+    // The freed block is kept by the device's pool, as a GPU's stream-ordered
+    // pool keeps it: the next allocation of that size gets it back.
+    // (A small allocation first: a general-purpose allocator would carve it
+    // out of the freed block.)
+    void* small = nullptr;
+    void* again = nullptr;
+    eng.push([&](const RunContext& ctx) {
+      small = ctx.stream_device->allocate(100, ctx.stream);
+      again = ctx.stream_device->allocate(4093, ctx.stream);
+    }, {}, {v}, on(kSim1));
+    eng.wait_to_read(v);
+    if (lazydag::engine::detail::BlockCache::kDefaultLimit != 0) {  // not under AddressSanitizer
+      CHECK(again == p);
+      CHECK(small != p);
+    }
+    CHECK(dev.bytes_in_use() == before + 4193);
+    eng.push([&](const RunContext& ctx) {
+      ctx.stream_device->deallocate(again, 4093, ctx.stream);
+      ctx.stream_device->deallocate(small, 100, ctx.stream);
+    }, {}, {v}, on(kSim1, StreamKind::kCompute, 0, "free"));
+    eng.waitall();
+    CHECK(dev.bytes_in_use() == before);
+  }
+
+  TEST_CASE("Streams.SimPoolReusesBlocksBySizeClassWithinItsLimit") {
+    using lazydag::engine::detail::BlockCache;
+    // Size classes: 64-byte granules up to 4 KiB, then four per power of two.
+    CHECK(BlockCache::size_class(0) == 64);
+    CHECK(BlockCache::size_class(1) == 64);
+    CHECK(BlockCache::size_class(4096) == 4096);
+    CHECK(BlockCache::size_class(4097) == 5120);
+    CHECK(BlockCache::size_class(36864) == 40960);
+    for (std::size_t n = 1; n < (1U << 22); n = n * 3 + 1) {
+      const std::size_t c = BlockCache::size_class(n);
+      CHECK(c >= n);
+      CHECK(c <= n + n / 4 + 64);
+      CHECK(c % 64 == 0);
+    }
+    BlockCache cache(std::size_t{256} << 20);
+    void* a = cache.allocate(36864);
+    void* b = cache.allocate(36864);
+    REQUIRE(a != nullptr);
+    REQUIRE(b != nullptr);
+    CHECK(reinterpret_cast<std::uintptr_t>(a) % 64 == 0);
+    static_cast<unsigned char*>(a)[40959] = 1;  // the whole class is usable
+    cache.deallocate(a, 36864);
+    CHECK(cache.cached() == 40960);
+    CHECK(cache.allocate(33000) == a);  // same class
+    CHECK(cache.cached() == 0);
+    void* c = cache.allocate(100);
+    CHECK(c != a);
+    CHECK(c != b);
+    cache.deallocate(a, 36864);
+    cache.deallocate(b, 36864);
+    cache.deallocate(c, 100);
+    CHECK(cache.cached() == 2 * 40960 + 128);
+    cache.trim();
+    CHECK(cache.cached() == 0);
+    // Beyond the limit a freed block goes back to the system, not the cache.
+    const std::size_t big = cache.limit() / 2 + 4096;
+    void* x = cache.allocate(big);
+    void* y = cache.allocate(big);
+    REQUIRE(x != nullptr);
+    REQUIRE(y != nullptr);
+    cache.deallocate(x, big);
+    const std::size_t one = cache.cached();
+    CHECK(one == BlockCache::size_class(big));
+    cache.deallocate(y, big);
+    CHECK(cache.cached() == one);
   }
 
   TEST_CASE("Streams.BadDevicesAreRefusedAndRecordNothing" * doctest::timeout(60)) {

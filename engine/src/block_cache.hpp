@@ -1,4 +1,5 @@
-// BlockCache: the memory pool of an emulated device. Freed blocks are kept
+// BlockCache: the memory pool of an emulated device (and the shared part of
+// the frontend's host pool, frontend/src/host_pool.hpp). Freed blocks are kept
 // by size class and handed out again, as a GPU's stream-ordered pool keeps
 // them (the CUDA device sets its pool's release threshold to the maximum):
 // a device that makes arrays of the same sizes every step stops paying for

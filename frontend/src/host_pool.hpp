@@ -6,12 +6,10 @@
 
 #include <array>
 #include <cstddef>
-#include <cstdint>
-#include <cstdlib>
-#include <map>
-#include <mutex>
 #include <new>
-#include <vector>
+
+// The size classes and the shared free lists are the sim device's pool.
+#include "../../engine/src/block_cache.hpp"
 
 namespace lazydag::detail {
 
@@ -30,14 +28,7 @@ class HostPool {
 
   /// The size class of a request: 64-byte granules up to 4 KiB, then four
   /// classes per power of two (at most 25% slack).
-  static std::size_t size_class(std::size_t n) {
-    n = n == 0 ? 64 : n;
-    if (n <= 4096) return (n + 63) / 64 * 64;
-    std::size_t p = 4096;
-    while (p * 2 < n) p *= 2;
-    const std::size_t step = p / 4;
-    return (n + step - 1) / step * step;
-  }
+  static std::size_t size_class(std::size_t n) { return engine::detail::BlockCache::size_class(n); }
 
   /// A 64-byte aligned buffer of at least size_class(n) bytes. Thread-safe.
   void* allocate(std::size_t n) {
@@ -47,22 +38,8 @@ class HostPool {
         if (void* p = t->take(c); p != nullptr) return p;
       }
     }
-    {
-      std::lock_guard lk(mu_);
-      auto it = free_.find(c);
-      if (it != free_.end() && !it->second.empty()) {
-        void* p = it->second.back();
-        it->second.pop_back();
-        cached_ -= c;
-        return p;
-      }
-    }
-    void* p = std::aligned_alloc(64, c);
-    if (p == nullptr) {
-      trim();  // give the cache back and try once more
-      p = std::aligned_alloc(64, c);
-      if (p == nullptr) throw std::bad_alloc();
-    }
+    void* p = shared_.allocate(c);  // trims its cache and retries once when the system has none
+    if (p == nullptr) throw std::bad_alloc();
     return p;
   }
 
@@ -78,23 +55,12 @@ class HostPool {
   /// Frees every buffer of the shared cache, and of the calling thread's.
   void trim() {
     if (ThreadCache* t = ThreadCache::mine(); t != nullptr) t->flush();
-    std::map<std::size_t, std::vector<void*>> drop;
-    {
-      std::lock_guard lk(mu_);
-      drop.swap(free_);
-      cached_ = 0;
-    }
-    for (auto& [c, v] : drop) {
-      for (void* p : v) std::free(p);
-    }
+    shared_.trim();
   }
 
   /// Bytes of the shared cache (each thread keeps up to kThreadCacheBytes
   /// of small buffers besides).
-  [[nodiscard]] std::size_t cached_bytes() {
-    std::lock_guard lk(mu_);
-    return cached_;
-  }
+  [[nodiscard]] std::size_t cached_bytes() const { return shared_.cached(); }
 
   /// Buffers of at most kSmall bytes are also cached per thread, up to
   /// kPerClass of a size class and kThreadCacheBytes in all: a tiny op's
@@ -160,21 +126,11 @@ class HostPool {
     std::size_t bytes_ = 0;
   };
 
-  void release_shared(void* p, std::size_t c) {
-    {
-      std::lock_guard lk(mu_);
-      if (cached_ + c <= kCacheLimit) {
-        free_[c].push_back(p);
-        cached_ += c;
-        return;
-      }
-    }
-    std::free(p);
-  }
+  void release_shared(void* p, std::size_t c) { shared_.deallocate(p, c); }
 
-  std::mutex mu_;
-  std::map<std::size_t, std::vector<void*>> free_;
-  std::size_t cached_ = 0;
+  // The cache shared by all threads: the sim device's pool, with this
+  // pool's limit (kept under AddressSanitizer too).
+  engine::detail::BlockCache shared_{kCacheLimit};
 };
 
 }  // namespace lazydag::detail

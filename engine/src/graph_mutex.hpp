@@ -24,9 +24,7 @@ class GraphMutex {
   GraphMutex& operator=(const GraphMutex&) = delete;
 
   void lock() noexcept {
-    std::uint32_t c = 0;
-    if (word_.compare_exchange_strong(c, 1, std::memory_order_acquire, std::memory_order_relaxed)) return;
-    lock_slow();
+    if (!try_lock()) lock_slow();
   }
   bool try_lock() noexcept {
     std::uint32_t c = 0;
@@ -43,11 +41,7 @@ class GraphMutex {
     // is what the futex below is for.
     for (int i = 0; i < kSpins; ++i) {
       cpu_relax();
-      std::uint32_t c = 0;
-      if (word_.load(std::memory_order_relaxed) == 0 &&
-          word_.compare_exchange_strong(c, 1, std::memory_order_acquire, std::memory_order_relaxed)) {
-        return;
-      }
+      if (word_.load(std::memory_order_relaxed) == 0 && try_lock()) return;
     }
     // Mark it contended, then sleep until an unlock finds the mark. A
     // thread that takes the lock this way leaves the mark (2): its unlock

@@ -16,7 +16,6 @@
 
 namespace lazydag::ops::cuda::detail {
 
-using ::lazydag::kMaxRank;
 using ops::detail::Indexer;
 using ops::detail::make_indexer;
 

@@ -18,6 +18,8 @@
 #include <sstream>
 #include <thread>
 
+#include <unistd.h>
+
 #include "engine_impl.hpp"
 
 namespace lazydag::engine {
@@ -80,6 +82,15 @@ void set_stall_hooks(StallHooks hooks) noexcept {
 
 StallHooks detail::stall_hooks() noexcept {
   return {g_stall_enter.load(std::memory_order_acquire), g_stall_leave.load(std::memory_order_acquire)};
+}
+
+std::size_t default_max_pending_bytes() noexcept {
+  static const std::size_t bytes = [] {
+    const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    if (l2 <= 0) return std::size_t{1} << 20;
+    return std::clamp<std::size_t>(static_cast<std::size_t>(l2), std::size_t{256} << 10, std::size_t{8} << 20);
+  }();
+  return bytes;
 }
 
 EngineOptions EngineOptions::from_env() {
@@ -293,6 +304,7 @@ Policy Engine::policy() const noexcept { return impl_->options_.policy; }
 int Engine::num_threads() const noexcept { return impl_->num_threads_; }
 std::size_t Engine::max_pending() const noexcept { return impl_->options_.max_pending; }
 std::size_t Engine::inline_bytes() const noexcept { return impl_->options_.inline_bytes; }
+std::size_t Engine::max_pending_bytes() const noexcept { return impl_->options_.max_pending_bytes; }
 EngineStats Engine::stats() const { return impl_->stats(); }
 std::vector<PendingNode> Engine::pending_nodes() const { return impl_->pending_nodes(); }
 StreamDevice& Engine::stream_device(Device d) { return impl_->stream_device(d); }

@@ -81,11 +81,14 @@ class PendingCounts {
     return rec_.bytes.load(std::memory_order_seq_cst) - d;
   }
 
-  /// Past `factor` times the window (count or bytes): a frontend stalls.
-  /// Exact; any thread.
+  /// Past `factor` times the window (count, or bytes while more than one
+  /// node is unfinished: one node is let through however large, so a push
+  /// returns before a big op is computed): a frontend stalls. Exact; any
+  /// thread.
   [[nodiscard]] bool over_window(std::size_t factor) const noexcept {
-    return (limits_.max_pending != 0 && unfinished() > factor * limits_.max_pending) ||
-           (limits_.max_pending_bytes != 0 && unfinished_bytes() > factor * limits_.max_pending_bytes);
+    if (limits_.max_pending != 0 && unfinished() > factor * limits_.max_pending) return true;
+    return limits_.max_pending_bytes != 0 && unfinished_bytes() > factor * limits_.max_pending_bytes &&
+           unfinished() > 1;
   }
 
   /// The same from the recorder's copies (recorder lock): reloads them only
@@ -94,9 +97,9 @@ class PendingCounts {
     auto over = [&] {
       const std::int64_t recorded =
           rec_.by_epoch[0].load(std::memory_order_relaxed) + rec_.by_epoch[1].load(std::memory_order_relaxed);
-      return (limits_.max_pending != 0 &&
-              static_cast<std::size_t>(recorded - rec_.seen_done) > factor * limits_.max_pending) ||
-             (limits_.max_pending_bytes != 0 &&
+      const auto live = static_cast<std::size_t>(recorded - rec_.seen_done);
+      return (limits_.max_pending != 0 && live > factor * limits_.max_pending) ||
+             (limits_.max_pending_bytes != 0 && live > 1 &&
               rec_.bytes.load(std::memory_order_relaxed) - rec_.seen_done_bytes > factor * limits_.max_pending_bytes);
     };
     if (!over()) return false;  // the upper bound is within the window

@@ -129,11 +129,13 @@ int main(int argc, char** argv) {
     std::printf("bench=ndarray workload=tiny_add_sync fusion=on ns_per_op=%.0f ratio_vs_fusion_off=%.2f\n",
                 sync_fused / ops * 1e9, sync_fused / sync);
     // y = x + 1 with y dropped at once, waited for after each op or once,
-    // over sizes around EngineOptions::inline_bytes (run it again with
-    // LAZYDAG_INLINE_BYTES=0 to see every node handed to a worker).
-    for (const std::int64_t len : {1, 1024, 4096, 8192, 16384, 65536}) {
+    // and the chain y = y + 1 read once, over sizes around
+    // EngineOptions::inline_bytes and the byte window (run it again with
+    // LAZYDAG_INLINE_BYTES=0 to see every node handed to a worker, with
+    // LAZYDAG_MAX_PENDING_BYTES to move the window).
+    for (const std::int64_t len : {1, 1024, 4096, 8192, 16384, 32768, 65536, 262144}) {
       NDArray v = nd::ones({len});
-      const int n = 5000;
+      const int n = len >= 65536 ? 1500 : 5000;
       const double s = median_seconds(
           [&] {
             for (int i = 0; i < n; ++i) (v + 1.0).wait_to_read();
@@ -145,9 +147,17 @@ int main(int argc, char** argv) {
             nd::waitall();
           },
           kTinyRepeats);
-      std::printf("bench=ndarray workload=add_sweep elements=%lld inline_bytes=%zu sync_ns_per_op=%.0f "
-                  "async_ns_per_op=%.0f\n",
-                  static_cast<long long>(len), nd::engine().inline_bytes(), s / n * 1e9, a / n * 1e9);
+      const double c = median_seconds(
+          [&] {
+            NDArray y = v;
+            for (int i = 0; i < n; ++i) y = y + 1.0;
+            y.wait_to_read();
+          },
+          kTinyRepeats);
+      std::printf("bench=ndarray workload=add_sweep elements=%lld inline_bytes=%zu max_pending_bytes=%zu "
+                  "sync_ns_per_op=%.0f async_ns_per_op=%.0f chain_ns_per_op=%.0f\n",
+                  static_cast<long long>(len), nd::engine().inline_bytes(), nd::engine().max_pending_bytes(),
+                  s / n * 1e9, a / n * 1e9, c / n * 1e9);
     }
     // The 10,000 x = x + 1 chain, read once: fused into nodes of 32 ops.
     auto chain = [&] {

@@ -13,6 +13,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include <unistd.h>
+
 #include "support.hpp"
 
 using namespace lazydag;
@@ -189,6 +191,55 @@ TEST_CASE("eager: the frontend runs ahead by at most twice max_pending_bytes of 
     Engine eng(o);
     CHECK(run_ahead(eng, 400, 300) > 7);
   }
+}
+
+TEST_CASE("eager: one node is let through the byte window however large") {
+  EngineOptions o = eager(1, 0);
+  o.max_pending_bytes = 100;
+  {
+    // A node ten times the window: push returns while it still runs. The
+    // node waits for this thread to say push returned (for at most 10 s: a
+    // push that waited for the node would make it time out).
+    Engine eng(o);
+    Var v = eng.new_var();
+    std::atomic<bool> returned{false};
+    std::atomic<bool> timed_out{false};
+    eng.push(
+        [&](const RunContext&) {
+          const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+          while (!returned.load()) {
+            if (std::chrono::steady_clock::now() > limit) {
+              timed_out.store(true);
+              return;
+            }
+            std::this_thread::yield();
+          }
+        },
+        {}, {v}, {.name = "big", .cost_bytes = 1000});
+    returned.store(true);
+    eng.wait_to_read(v);
+    CHECK_FALSE(timed_out.load());
+  }
+  {
+    // Each node past twice the window: after each push at most that node
+    // is unfinished (the one before it is done); without cost hints the
+    // frontend runs ahead.
+    Engine eng(o);
+    CHECK(run_ahead(eng, 100, 1000) <= 1);
+  }
+  {
+    Engine eng(o);
+    CHECK(run_ahead(eng, 100, 0) > 1);
+  }
+}
+
+TEST_CASE("the default byte window follows the L2 cache, within 256 KiB..8 MiB") {
+  const std::size_t w = default_max_pending_bytes();
+  CHECK(w >= (std::size_t{256} << 10));
+  CHECK(w <= (std::size_t{8} << 20));
+  CHECK(EngineOptions{}.max_pending_bytes == w);
+  const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  if (l2 >= (256 << 10) && l2 <= (8 << 20)) CHECK(w == static_cast<std::size_t>(l2));
 }
 
 TEST_CASE("lazy: the byte window does not stall recording (nothing runs until asked)") {

@@ -115,6 +115,12 @@ struct PushOptions {
   std::size_t cost_bytes = 0;
 };
 
+/// EngineOptions::max_pending_bytes' default: one core's L2 cache as the C
+/// library reports it (sysconf), kept within 256 KiB..8 MiB; 1 MiB when
+/// it reports none. docs/architecture.md, "The window in bytes", gives the
+/// measurement behind it.
+[[nodiscard]] std::size_t default_max_pending_bytes() noexcept;
+
 /// Engine construction options. from_env() reads LAZYDAG_ENGINE
 /// (lazy|eager|naive), LAZYDAG_NUM_THREADS, LAZYDAG_MAX_PENDING,
 /// LAZYDAG_MAX_PENDING_BYTES, LAZYDAG_INLINE_BYTES, LAZYDAG_MAX_IN_FLIGHT
@@ -130,10 +136,12 @@ struct EngineOptions {
   /// 0 = unbounded.
   std::size_t max_pending = 16384;
   /// Eager: the PushOptions::cost_bytes of unfinished nodes a frontend may
-  /// run ahead by; past twice this it helps until it is down to this
-  /// (LAZYDAG_MAX_PENDING_BYTES; 0 = unbounded). Recorded work whose
-  /// buffers outgrow the caches is slower than waiting for each op.
-  std::size_t max_pending_bytes = std::size_t{8} << 20;
+  /// run ahead by; past twice this, with more than one node unfinished, it
+  /// helps until it is down to this or to one node (one node is always let
+  /// through, however large: push returns before a big op is computed).
+  /// LAZYDAG_MAX_PENDING_BYTES; 0 = unbounded. Recorded work whose buffers
+  /// outgrow the caches is slower than waiting for each op.
+  std::size_t max_pending_bytes = default_max_pending_bytes();
   /// Debugging aid: a wait that blocks longer than this many seconds fails
   /// with WatchdogTimeout listing the pending nodes it waits for, instead of
   /// hanging. 0 = off; 1e9 or more (or infinity) never fires. From
@@ -148,7 +156,7 @@ struct EngineOptions {
   /// Eager: CPU nodes whose PushOptions::cost_bytes is at most this, ready
   /// when recorded, run on the recording thread (LAZYDAG_INLINE_BYTES;
   /// 0 = never). docs/architecture.md gives the measurement behind it.
-  std::size_t inline_bytes = 16384;
+  std::size_t inline_bytes = std::size_t{128} << 10;
 
   /// Defaults overridden by the environment; throws InvalidArgument on a
   /// malformed value. (Engine's constructor checks every field: num_threads
@@ -354,6 +362,8 @@ class Engine {
   [[nodiscard]] std::size_t max_pending() const noexcept;
   /// EngineOptions::inline_bytes.
   [[nodiscard]] std::size_t inline_bytes() const noexcept;
+  /// EngineOptions::max_pending_bytes.
+  [[nodiscard]] std::size_t max_pending_bytes() const noexcept;
   [[nodiscard]] EngineStats stats() const;
 
   /// The stream device `d`, created on first use (its streams and executors).

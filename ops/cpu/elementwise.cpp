@@ -78,9 +78,14 @@ T apply_binary(BinaryOp op, T a, T b) {
         }
         return static_cast<T>(a / b);
       case BinaryOp::kPow:
-        // An exponent of 2 is a square, correctly rounded (libm's pow is
-        // not always: glibc documents up to 1 ULP), as NumPy's x ** 2.
-        if constexpr (std::is_floating_point_v<T>) return b == T(2) ? a * a : std::pow(a, b);
+        // One element through the kernels' vector routine (vmath::pow:
+        // SLEEF's pow, and a correctly rounded square for an exponent of
+        // 2, as NumPy's x ** 2), so every path gives the same bits.
+        if constexpr (std::is_floating_point_v<T>) {
+          T y;
+          vmath::pow(&a, 0, &b, 0, &y, 1);
+          return y;
+        }
         break;
       case BinaryOp::kMax: return a < b ? b : a;
       case BinaryOp::kMin: return b < a ? b : a;
@@ -246,6 +251,29 @@ void vector_unary_row(UnaryOp op, const T* x, std::int64_t sx, T* y, std::int64_
   }
 }
 
+// One run of pow (float dtypes): y[i*sy] = pow(x[i*sx], z[i*sz]) through
+// vmath::pow, directly for unit and zero steps, else through stack blocks.
+template <class T>
+void vector_pow_row(const T* x, std::int64_t sx, const T* z, std::int64_t sz, T* y, std::int64_t sy,
+                    std::int64_t n) {
+  if (sy == 1 && (sx == 0 || sx == 1) && (sz == 0 || sz == 1)) {
+    vmath::pow(x, sx, z, sz, y, n);
+    return;
+  }
+  constexpr std::int64_t kBlock = 256;
+  T bx[kBlock];
+  T bz[kBlock];
+  for (std::int64_t i0 = 0; i0 < n; i0 += kBlock) {
+    const std::int64_t m = std::min(kBlock, n - i0);
+    for (std::int64_t k = 0; k < m; ++k) {
+      bx[k] = x[(i0 + k) * sx];
+      bz[k] = z[(i0 + k) * sz];
+    }
+    vmath::pow(bx, 1, bz, 1, bx, m);
+    for (std::int64_t k = 0; k < m; ++k) y[(i0 + k) * sy] = bx[k];
+  }
+}
+
 // exp, log, tanh, sigmoid and log1p of float32/float64 through SLEEF's vector
 // routines: unit-step runs directly, strided runs through a stack block.
 // sigmoid keeps its definition, 1 / (1 + exp(-x)), with the vector exp,
@@ -282,6 +310,20 @@ void unary(UnaryOp op, const TensorView& a, const TensorView& out) {
 
 void binary(BinaryOp op, const TensorView& a, const TensorView& b, const TensorView& out) {
   dispatch(out.dtype, [&]<class T>() {
+    if constexpr (std::is_floating_point_v<T>) {
+      if (op == BinaryOp::kPow) {
+        const T* x = typed<T>(a);
+        const T* z = typed<T>(b);
+        T* y = typed<T>(out);
+        detail::for_each_row<3>(
+            out.shape,
+            std::array<Dims, 3>{broadcast_dims(a, out.shape), broadcast_dims(b, out.shape), dims(out.strides)},
+            {a.offset, b.offset, out.offset}, [&](const Off3& o, const Off3& st, std::int64_t n) {
+              vector_pow_row(x + o[0], st[0], z + o[1], st[1], y + o[2], st[2], n);
+            });
+        return;
+      }
+    }
     with_op(op, [&](auto c) {
       zip<T, T>(a, b, out, [](T u, T v) { return apply_binary<T>(decltype(c)::value, u, v); });
     });
@@ -295,6 +337,22 @@ void binary_scalar(BinaryOp op, const TensorView& a, double scalar, bool scalar_
     if (squares(op, s, scalar_first)) {
       map<T, T>(a, out, [](T v) { return static_cast<T>(v * v); });
       return;
+    }
+    if constexpr (std::is_floating_point_v<T>) {
+      if (op == BinaryOp::kPow) {
+        const T* x = typed<T>(a);
+        T* y = typed<T>(out);
+        const std::array<Dims, 2> strides{broadcast_dims(a, out.shape), dims(out.strides)};
+        detail::for_each_row<2>(out.shape, strides, {a.offset, out.offset},
+                                [&](const Off2& o, const Off2& st, std::int64_t n) {
+                                  if (scalar_first) {
+                                    vector_pow_row(&s, 0, x + o[0], st[0], y + o[1], st[1], n);
+                                  } else {
+                                    vector_pow_row(x + o[0], st[0], &s, 0, y + o[1], st[1], n);
+                                  }
+                                });
+        return;
+      }
     }
     with_op(op, [&](auto c) {
       constexpr BinaryOp o = decltype(c)::value;
@@ -468,6 +526,12 @@ LAZYDAG_RUN_CLONES void unary_run(UnaryOp op, DType t, const void* x, std::int64
 LAZYDAG_RUN_CLONES void binary_run(BinaryOp op, DType t, const void* x, std::int64_t sx, const void* z, std::int64_t sz, void* y,
                 std::int64_t n) {
   dispatch(t, [&]<class T>() {
+    if constexpr (std::is_floating_point_v<T>) {
+      if (op == BinaryOp::kPow) {
+        vector_pow_row(static_cast<const T*>(x), sx, static_cast<const T*>(z), sz, static_cast<T*>(y), 1, n);
+        return;
+      }
+    }
     with_op(op, [&](auto c) {
       zip_row(static_cast<const T*>(x), sx, static_cast<const T*>(z), sz, static_cast<T*>(y), 1, n,
               [](T u, T v) { return apply_binary<T>(decltype(c)::value, u, v); });
@@ -484,6 +548,16 @@ LAZYDAG_RUN_CLONES void scalar_run(BinaryOp op, DType t, const void* x, std::int
     if (squares(op, s, scalar_first)) {
       map_row(xs, sx, ys, 1, n, [](T v) { return static_cast<T>(v * v); });
       return;
+    }
+    if constexpr (std::is_floating_point_v<T>) {
+      if (op == BinaryOp::kPow) {
+        if (scalar_first) {
+          vector_pow_row(&s, 0, xs, sx, ys, 1, n);
+        } else {
+          vector_pow_row(xs, sx, &s, 0, ys, 1, n);
+        }
+        return;
+      }
     }
     with_op(op, [&](auto c) {
       constexpr BinaryOp o = decltype(c)::value;

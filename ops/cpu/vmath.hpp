@@ -1,6 +1,6 @@
 // Vectorised transcendental math for the CPU kernels, from SLEEF: exp, log,
-// tanh, sigmoid (1 / (1 + exp(-x)) in one pass) and log1p of float32 and float64
-// runs, dispatched at run time to the widest instruction set the machine
+// tanh, sigmoid (1 / (1 + exp(-x)) in one pass), log1p and pow of float32
+// and float64 runs, dispatched at run time to the widest instruction set the machine
 // has (AVX-512F, AVX2 + FMA, SSE2).
 #pragma once
 
@@ -15,6 +15,14 @@ enum class Fn : std::uint8_t { kExp, kLog, kTanh, kSigmoid, kLog1p };
 /// so a value never depends on how the array was split across workers.
 void apply(Fn f, const float* x, float* y, std::int64_t n);
 void apply(Fn f, const double* x, double* y, std::int64_t n);
+
+/// y[i] = pow(x[i * sx], e[i * se]) for i < n, with sx and se 0 (one
+/// value for every i) or 1 (y may be x or e): SLEEF's 1.0-ULP pow (C99's
+/// special values), except that an exponent of exactly 2 gives x * x,
+/// correctly rounded. Every element goes through the same vector routine,
+/// as in apply().
+void pow(const float* x, std::int64_t sx, const float* e, std::int64_t se, float* y, std::int64_t n);
+void pow(const double* x, std::int64_t sx, const double* e, std::int64_t se, double* y, std::int64_t n);
 
 /// "avx512f", "avx2" or "sse2": the routines apply() uses on this machine.
 const char* isa() noexcept;

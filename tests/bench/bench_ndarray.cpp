@@ -286,6 +286,9 @@ int main(int argc, char** argv) {
     // pow(a, 2): the square, as a plain loop writes it.
     beside_loops("pow2", 2.0 * n * 4, [&] { nd::pow(a, 2.0).wait_to_read(); },
                  [&](std::int64_t i) { return va[i] * va[i]; });
+    // pow(a, b) with an array exponent: SLEEF's vector pow beside libm's powf.
+    beside_loops("pow", 3.0 * n * 4, [&] { nd::pow(a, b).wait_to_read(); },
+                 [&](std::int64_t i) { return std::pow(va[i], vb[i]); });
     {
       // where(a > 0.5, a, b): a random mask, read with both operands
       // (1 + 4 + 4 bytes in, 4 out per element).

@@ -236,10 +236,99 @@ TEST_SUITE("ndarray") {
     CHECK(std::isnan(l1[1]));
   }
 
+  TEST_CASE("Elementwise.PowIsWithinTwoUlp" * doctest::timeout(120)) {
+    // pow on the CPU (SLEEF's 1-ULP vector pow) against a long double
+    // reference rounded to the dtype, over bases and exponents that span
+    // the finite range of the result, with scalar and array exponents and
+    // bases; C99's special values exactly as std::pow gives them.
+    auto ulps = [](auto a, auto b) {
+      using T = decltype(a);
+      using I = std::conditional_t<sizeof(T) == 4, std::int32_t, std::int64_t>;
+      auto key = [](T f) {
+        I i = 0;
+        std::memcpy(&i, &f, sizeof(T));
+        return i < 0 ? static_cast<long double>(std::numeric_limits<I>::min()) - i : static_cast<long double>(i);
+      };
+      return std::fabs(key(a) - key(b));
+    };
+    auto run = [&](auto zero) {
+      using T = decltype(zero);
+      const DType t = std::is_same_v<T, float> ? DType::kFloat32 : DType::kFloat64;
+      const double max_log = std::is_same_v<T, float> ? 80.0 : 700.0;  // |log(result)| below the overflow
+      std::mt19937_64 rng(41);
+      std::uniform_real_distribution<double> u(-1, 1);
+      std::vector<T> xs;
+      std::vector<T> es;
+      for (int i = 0; i < 20000; ++i) {
+        const double lx = u(rng) * (i % 2 == 0 ? 5 : 40);  // log(x)
+        const double e = u(rng) * std::min(60.0, max_log / std::max(std::fabs(lx), 1e-3));
+        // negative bases with integer exponents (odd and even)
+        const bool neg = i % 7 == 0;
+        xs.push_back(static_cast<T>(neg ? -std::exp(lx) : std::exp(lx)));
+        es.push_back(static_cast<T>(neg ? std::round(e) : e));
+      }
+      const auto n = static_cast<std::int64_t>(xs.size());
+      NDArray x = nd::array<T>(xs, {n}, cpu());
+      NDArray e = nd::array<T>(es, {n}, cpu());
+      const auto got = nd::pow(x, e).template to_vector<T>();
+      long double worst = 0;
+      for (std::size_t i = 0; i < xs.size(); ++i) {
+        const T want = static_cast<T>(std::pow(static_cast<long double>(xs[i]), static_cast<long double>(es[i])));
+        if (std::isfinite(want)) worst = std::max(worst, ulps(got[i], want));
+      }
+      CHECK(worst <= 2);
+      // A scalar exponent, and a scalar base (2 ** x)
+      for (double k : {0.5, 3.0, -1.5, 1.0 / 3}) {
+        CAPTURE(k);
+        const auto gx = nd::pow(x, k).template to_vector<T>();
+        long double w = 0;
+        for (std::size_t i = 0; i < xs.size(); ++i) {
+          const T want = static_cast<T>(std::pow(static_cast<long double>(xs[i]), static_cast<long double>(T(k))));
+          if (std::isfinite(want) || std::isfinite(gx[i])) w = std::max(w, ulps(gx[i], want));
+        }
+        CHECK(w <= 2);
+      }
+      NDArray small = e * 0.1;
+      const auto gs = nd::pow(nd::full({n}, 2.0, t, cpu()), small).template to_vector<T>();
+      const auto vs = small.template to_vector<T>();
+      long double ws = 0;
+      for (std::size_t i = 0; i < vs.size(); ++i) {
+        ws = std::max(ws, ulps(gs[i], static_cast<T>(std::pow(2.0L, static_cast<long double>(vs[i])))));
+      }
+      CHECK(ws <= 2);
+      // special values
+      const T inf = std::numeric_limits<T>::infinity();
+      const T nan = std::numeric_limits<T>::quiet_NaN();
+      const std::vector<std::pair<T, T>> special = {
+          {T(0), T(-3)},  {T(-0.0), T(-3)}, {T(0), T(-2)},   {T(-0.0), T(-2.5)}, {T(0), T(3)},   {T(-0.0), T(3)},
+          {T(-0.0), T(2.5)}, {T(-1), inf},  {T(-1), -inf},   {T(1), nan},        {nan, T(0)},    {T(-2), T(0.5)},
+          {T(0.5), -inf}, {T(2), -inf},     {T(0.5), inf},   {T(2), inf},        {-inf, T(-3)},  {-inf, T(-2)},
+          {-inf, T(3)},   {-inf, T(2)},     {inf, T(-1)},    {inf, T(1)},        {T(-2), T(3)},  {nan, T(1)},
+          {T(3), nan},    {T(-8), T(1) / T(3)}, {T(0), T(0)}, {inf, T(0)}};
+      std::vector<T> sx;
+      std::vector<T> se;
+      for (const auto& [a, b] : special) {
+        sx.push_back(a);
+        se.push_back(b);
+      }
+      const auto m = static_cast<std::int64_t>(sx.size());
+      const auto sp = nd::pow(nd::array<T>(sx, {m}, cpu()), nd::array<T>(se, {m}, cpu())).template to_vector<T>();
+      for (std::size_t i = 0; i < sx.size(); ++i) {
+        CAPTURE(sx[i]);
+        CAPTURE(se[i]);
+        const T want = std::pow(sx[i], se[i]);
+        CHECK((std::memcmp(&sp[i], &want, sizeof(T)) == 0 || (std::isnan(sp[i]) && std::isnan(want))));
+      }
+    };
+    run(0.0F);
+    run(0.0);
+  }
+
   TEST_CASE("Elementwise.PowOfTwoIsTheSquare" * doctest::timeout(60)) {
     // An exponent of exactly 2 gives x * x, bit for bit, whether it is a
     // scalar (the square loop), a broadcast one-element array, a dense
-    // array or a step of a fused chain; other exponents are libm's pow.
+    // array or a step of a fused chain; other exponents are SLEEF's pow
+    // (Elementwise.PowIsWithinTwoUlp), the same bits on every path.
     auto run = [](auto zero) {
       using T = decltype(zero);
       const DType t = std::is_same_v<T, float> ? DType::kFloat32 : DType::kFloat64;
@@ -264,13 +353,16 @@ TEST_SUITE("ndarray") {
       const auto one = nd::pow(x, nd::full({1}, 2.0, t)).template to_vector<T>();
       const auto fused = nd::pow(x * 1.0, 2.0).template to_vector<T>();
       const auto mixed = nd::pow(x, e).template to_vector<T>();
+      const auto mixed_fused = nd::pow(x * 1.0, e + 0.0).template to_vector<T>();
+      const auto mixed_strided =
+          nd::pow(x.reshape({1, n}).transpose(), e.reshape({1, n}).transpose()).reshape({n}).template to_vector<T>();
       auto same_bits = [](T a, T b) { return std::memcmp(&a, &b, sizeof(T)) == 0 || (std::isnan(a) && std::isnan(b)); };
       int wrong = 0;
       for (std::size_t i = 0; i < xs.size(); ++i) {
         const T sq = xs[i] * xs[i];
-        const T want = exps[i] == T(2) ? sq : std::pow(xs[i], exps[i]);
         if (!same_bits(scalar[i], sq) || !same_bits(one[i], sq) || !same_bits(fused[i], sq) ||
-            !same_bits(mixed[i], want)) {
+            (exps[i] == T(2) && !same_bits(mixed[i], sq)) || !same_bits(mixed_fused[i], mixed[i]) ||
+            !same_bits(mixed_strided[i], mixed[i])) {
           ++wrong;
         }
       }

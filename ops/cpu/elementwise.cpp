@@ -192,21 +192,31 @@ inline void zip_row(const X* x, std::int64_t sx, const Z* z, std::int64_t sz, Y*
 using Off2 = std::array<std::int64_t, 2>;
 using Off3 = std::array<std::int64_t, 3>;
 
-// out = f(a) elementwise, a broadcast to out's shape.
-template <class X, class Y, class F>
-void map(const TensorView& a, const TensorView& out, F f) {
+// run(x, sx, y, sy, n) over the runs of the merged loop nest of out = f(a),
+// a broadcast to out's shape.
+template <class X, class Y, class Run>
+void map_runs(const TensorView& a, const TensorView& out, Run run) {
   const X* x = typed<X>(a);
   Y* y = typed<Y>(out);
   const std::array<Dims, 2> strides{broadcast_dims(a, out.shape), dims(out.strides)};
   detail::for_each_row<2>(out.shape, strides, {a.offset, out.offset},
                           [&](const Off2& o, const Off2& st, std::int64_t n) {
-                            map_row(x + o[0], st[0], y + o[1], st[1], n, f);
+                            run(x + o[0], st[0], y + o[1], st[1], n);
                           });
 }
 
-// out = f(a, b) elementwise, both broadcast to out's shape.
+// out = f(a) elementwise, a broadcast to out's shape.
 template <class X, class Y, class F>
-void zip(const TensorView& a, const TensorView& b, const TensorView& out, F f) {
+void map(const TensorView& a, const TensorView& out, F f) {
+  map_runs<X, Y>(a, out, [&](const X* x, std::int64_t sx, Y* y, std::int64_t sy, std::int64_t n) {
+    map_row(x, sx, y, sy, n, f);
+  });
+}
+
+// run(x, sx, z, sz, y, sy, n) over the runs of out = f(a, b), both
+// broadcast to out's shape.
+template <class X, class Y, class Run>
+void zip_runs(const TensorView& a, const TensorView& b, const TensorView& out, Run run) {
   const X* x = typed<X>(a);
   const X* z = typed<X>(b);
   Y* y = typed<Y>(out);
@@ -214,8 +224,16 @@ void zip(const TensorView& a, const TensorView& b, const TensorView& out, F f) {
       out.shape,
       std::array<Dims, 3>{broadcast_dims(a, out.shape), broadcast_dims(b, out.shape), dims(out.strides)},
       {a.offset, b.offset, out.offset}, [&](const Off3& o, const Off3& st, std::int64_t n) {
-        zip_row(x + o[0], st[0], z + o[1], st[1], y + o[2], st[2], n, f);
+        run(x + o[0], st[0], z + o[1], st[1], y + o[2], st[2], n);
       });
+}
+
+// out = f(a, b) elementwise, both broadcast to out's shape.
+template <class X, class Y, class F>
+void zip(const TensorView& a, const TensorView& b, const TensorView& out, F f) {
+  zip_runs<X, Y>(a, b, out,
+                 [&](const X* x, std::int64_t sx, const X* z, std::int64_t sz, Y* y, std::int64_t sy,
+                     std::int64_t n) { zip_row(x, sx, z, sz, y, sy, n, f); });
 }
 
 // The vector math routine of `op`, where it has one (float dtypes).
@@ -281,13 +299,9 @@ void vector_pow_row(const T* x, std::int64_t sx, const T* z, std::int64_t sz, T*
 // fused sigmoid(x * w + b) of 16M float32).
 template <class T>
 void vector_unary(UnaryOp op, const TensorView& a, const TensorView& out) {
-  const T* x = typed<T>(a);
-  T* y = typed<T>(out);
-  const std::array<Dims, 2> strides{broadcast_dims(a, out.shape), dims(out.strides)};
-  detail::for_each_row<2>(out.shape, strides, {a.offset, out.offset},
-                          [&](const Off2& o, const Off2& st, std::int64_t n) {
-                            vector_unary_row<T>(op, x + o[0], st[0], y + o[1], st[1], n);
-                          });
+  map_runs<T, T>(a, out, [op](const T* x, std::int64_t sx, T* y, std::int64_t sy, std::int64_t n) {
+    vector_unary_row<T>(op, x, sx, y, sy, n);
+  });
 }
 
 }  // namespace
@@ -312,15 +326,7 @@ void binary(BinaryOp op, const TensorView& a, const TensorView& b, const TensorV
   dispatch(out.dtype, [&]<class T>() {
     if constexpr (std::is_floating_point_v<T>) {
       if (op == BinaryOp::kPow) {
-        const T* x = typed<T>(a);
-        const T* z = typed<T>(b);
-        T* y = typed<T>(out);
-        detail::for_each_row<3>(
-            out.shape,
-            std::array<Dims, 3>{broadcast_dims(a, out.shape), broadcast_dims(b, out.shape), dims(out.strides)},
-            {a.offset, b.offset, out.offset}, [&](const Off3& o, const Off3& st, std::int64_t n) {
-              vector_pow_row(x + o[0], st[0], z + o[1], st[1], y + o[2], st[2], n);
-            });
+        zip_runs<T, T>(a, b, out, vector_pow_row<T>);
         return;
       }
     }
@@ -340,17 +346,13 @@ void binary_scalar(BinaryOp op, const TensorView& a, double scalar, bool scalar_
     }
     if constexpr (std::is_floating_point_v<T>) {
       if (op == BinaryOp::kPow) {
-        const T* x = typed<T>(a);
-        T* y = typed<T>(out);
-        const std::array<Dims, 2> strides{broadcast_dims(a, out.shape), dims(out.strides)};
-        detail::for_each_row<2>(out.shape, strides, {a.offset, out.offset},
-                                [&](const Off2& o, const Off2& st, std::int64_t n) {
-                                  if (scalar_first) {
-                                    vector_pow_row(&s, 0, x + o[0], st[0], y + o[1], st[1], n);
-                                  } else {
-                                    vector_pow_row(x + o[0], st[0], &s, 0, y + o[1], st[1], n);
-                                  }
-                                });
+        map_runs<T, T>(a, out, [&](const T* x, std::int64_t sx, T* y, std::int64_t sy, std::int64_t n) {
+          if (scalar_first) {
+            vector_pow_row(&s, 0, x, sx, y, sy, n);
+          } else {
+            vector_pow_row(x, sx, &s, 0, y, sy, n);
+          }
+        });
         return;
       }
     }

@@ -3,7 +3,7 @@
 // linking, requests, the pending window), schedule.cpp (readiness, bypass,
 // the workers, completion), streams.cpp (stream devices: launch edges,
 // events, run-ahead bounds), waits.cpp (waiters, helping, the watchdog,
-// errors, introspection). docs/architecture.md describes the protocol.
+// introspection). docs/architecture.md describes the protocol.
 #pragma once
 
 #include <lazydag/engine/engine.hpp>
@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "errors.hpp"
 #include "event_count.hpp"
 #include "graph_mutex.hpp"
 #include "graveyard.hpp"
@@ -187,10 +188,6 @@ class EngineImpl {
   void throttle_frontend();
   void wake_waiters() noexcept;
 
-  // ---- errors.cpp
-  void note_failure(const Node* n);
-  void report_unreported();
-
   // ---- introspect.cpp
   std::string describe_pending(Node* target);
   void trace(const Node* n) const;
@@ -221,16 +218,9 @@ class EngineImpl {
   PendingCounts counts_{PendingCounts::Limits{
       options_.max_pending, options_.policy == Policy::kEager ? options_.max_pending_bytes : 0}};
 
-  // Statistics of failed and skipped completions, one cache line per shard;
-  // a thread keeps to one shard (relaxed: statistics). Nodes run are the
-  // completed count less the skipped.
-  struct alignas(64) RunCounts {
-    std::atomic<std::uint64_t> failed{0};
-    std::atomic<std::uint64_t> skipped{0};
-  };
-  static constexpr std::size_t kRunShards = 8;
-  std::array<RunCounts, kRunShards> run_counts_;
-  RunCounts& run_counts() noexcept;
+  // Failed and skipped completions: counted (nodes run are the completed
+  // count less the skipped), and failures kept for waitall (errors.hpp).
+  ErrorLog errors_;
 
   // Functions that ran on a worker or device thread, waiting to be
   // destroyed by a frontend thread (see bury()).
@@ -250,10 +240,6 @@ class EngineImpl {
   // waiter may be waiting for.
   WaiterSlots waiters_;
   EventCount events_;
-
-  // Errors of failed nodes no wait has reported yet (failures are rare).
-  std::mutex errors_mu_;
-  std::vector<ErrorPtr> unreported_;
 
   // Counters (relaxed: statistics).
   std::atomic<std::uint64_t> nodes_launched_{0};

@@ -2,13 +2,12 @@
 // wait_to_write throws the error of the op that wrote the var it waited for
 // (that write's own, with write_sources) and marks it reported; waitall
 // throws the oldest failure no wait has reported, saying how many others
-// there were, and forgets them all. Failures are collected as nodes
-// complete, under a mutex of their own (failures are rare; nothing else
-// takes it). How errors propagate between nodes is errors.hpp.
+// there were, and forgets them all (ErrorLog). Failures are collected as
+// nodes complete, under a mutex of their own (failures are rare; nothing
+// else takes it). How errors propagate between nodes is errors.hpp.
 #include <mutex>
 #include <string>
 
-#include "engine_impl.hpp"
 #include "errors.hpp"
 
 namespace lazydag::engine::detail {
@@ -38,25 +37,27 @@ ErrorPtr write_error(const Node* t, const VarState* v) {
   }
 }
 
-// A node that failed or was skipped, as it completes: counted, and a
-// failure of its own kept for waitall.
-void EngineImpl::note_failure(const Node* n) {
+ErrorLog::Counts& ErrorLog::mine() noexcept {
+  static std::atomic<std::size_t> next_shard{0};
+  thread_local const std::size_t shard = next_shard.fetch_add(1, std::memory_order_relaxed) % kShards;
+  return counts_[shard];
+}
+
+void ErrorLog::note(const Node* n) {
   if (n->failed) {
-    run_counts().failed.fetch_add(1, std::memory_order_relaxed);
-    std::lock_guard g(errors_mu_);
+    mine().failed.fetch_add(1, std::memory_order_relaxed);
+    std::lock_guard g(mu_);
     unreported_.push_back(n->error);
   } else {
-    run_counts().skipped.fetch_add(1, std::memory_order_relaxed);
+    mine().skipped.fetch_add(1, std::memory_order_relaxed);
   }
 }
 
-// waitall's report: the oldest failure no wait has reported
-// (deterministic across policies), then none are kept.
-void EngineImpl::report_unreported() {
+void ErrorLog::report_unreported() {
   ErrorPtr first;
   std::size_t count = 0;
   {
-    std::lock_guard g(errors_mu_);
+    std::lock_guard g(mu_);
     for (ErrorPtr& e : unreported_) {
       if (e->reported.exchange(true, std::memory_order_relaxed)) continue;
       ++count;
@@ -65,6 +66,18 @@ void EngineImpl::report_unreported() {
     unreported_.clear();
   }
   if (first) throw_op_error(*first, count - 1);
+}
+
+std::uint64_t ErrorLog::failed() const noexcept {
+  std::uint64_t sum = 0;
+  for (const Counts& c : counts_) sum += c.failed.load(std::memory_order_relaxed);
+  return sum;
+}
+
+std::uint64_t ErrorLog::skipped() const noexcept {
+  std::uint64_t sum = 0;
+  for (const Counts& c : counts_) sum += c.skipped.load(std::memory_order_relaxed);
+  return sum;
 }
 
 }  // namespace lazydag::engine::detail

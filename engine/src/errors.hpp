@@ -4,11 +4,16 @@
 // run_on_failed_input, runs with the cause) and inherits the error, so it
 // poisons its own writes in turn; a successful write clears the poison.
 // With write_sources each write fails only with the error of a read it is
-// computed from. The reporting side (which wait throws what) is errors.cpp.
+// computed from. The reporting side (which wait throws what, ErrorLog) is
+// errors.cpp.
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <bit>
 #include <cstdint>
+#include <mutex>
+#include <vector>
 
 #include "node.hpp"
 
@@ -62,6 +67,36 @@ static inline void poison_writes(Node* n, const ErrorPtr& err, const InputFailur
     }
   }
 }
+
+/// The failures and skips of completed nodes: counted (sharded, relaxed:
+/// statistics), and each failure of a node's own kept until a waitall
+/// reports it (a mutex of its own: failures are rare, nothing else takes
+/// it). Knows nothing of the engine; any thread.
+class ErrorLog {
+ public:
+  /// A node that failed (n->failed: its own function threw) or was
+  /// skipped (an input's error), as it completes.
+  void note(const Node* n);
+  /// waitall's report: throws OpError for the oldest failure no wait has
+  /// reported (deterministic across policies), saying how many others
+  /// there were; then none are kept.
+  void report_unreported();
+  [[nodiscard]] std::uint64_t failed() const noexcept;
+  [[nodiscard]] std::uint64_t skipped() const noexcept;
+
+ private:
+  // One cache line per shard; a thread keeps to one shard.
+  struct alignas(64) Counts {
+    std::atomic<std::uint64_t> failed{0};
+    std::atomic<std::uint64_t> skipped{0};
+  };
+  static constexpr std::size_t kShards = 8;
+  Counts& mine() noexcept;
+
+  std::array<Counts, kShards> counts_;
+  std::mutex mu_;
+  std::vector<ErrorPtr> unreported_;  // mu_
+};
 
 /// The error a wait on var `v` written by done node `t` reports.
 ErrorPtr write_error(const Node* t, const VarState* v);

@@ -102,10 +102,8 @@ EngineStats EngineImpl::stats() const {
   // just before it completes, so while nodes complete the difference may
   // briefly fall short (never below 0); it is exact once they are done.
   const auto completed = static_cast<std::uint64_t>(counts_.completed_total());
-  for (const RunCounts& c : run_counts_) {
-    s.nodes_failed += c.failed.load(std::memory_order_relaxed);
-    s.nodes_skipped += c.skipped.load(std::memory_order_relaxed);
-  }
+  s.nodes_failed = errors_.failed();
+  s.nodes_skipped = errors_.skipped();
   s.nodes_run = completed > s.nodes_skipped ? completed - s.nodes_skipped : 0;
   s.nodes_launched = nodes_launched_.load(std::memory_order_relaxed);
   s.in_flight_stalls = in_flight_stalls_.load(std::memory_order_relaxed);

@@ -395,12 +395,6 @@ void EngineImpl::drain_graveyard() noexcept {
   tls_running_engine = outer;
 }
 
-EngineImpl::RunCounts& EngineImpl::run_counts() noexcept {
-  static std::atomic<std::size_t> next_shard{0};
-  thread_local const std::size_t shard = next_shard.fetch_add(1, std::memory_order_relaxed) % kRunShards;
-  return run_counts_[shard];
-}
-
 // Marks `n` done: successors lose one pending input (the first made ready
 // is returned for bypass), predecessors lose a reference, a stream node's
 // vars a hold, waits for it are woken. The caller keeps a ref of its own.
@@ -413,7 +407,7 @@ Node* EngineImpl::complete(Node* n, Bypass bypass) {
   // Nodes that ran are counted by the completion count below, less the
   // skipped ones: a counter of their own was a locked add on every node.
   // Failures and skips are counted before the node is done.
-  if (n->error) note_failure(n);
+  if (n->error) errors_.note(n);
   Node* next = nullptr;
   {
     std::lock_guard g(n->lock);

@@ -430,7 +430,7 @@ void EngineImpl::wait_all_recorded(bool watchdog) {
     std::cerr << report;
     throw WatchdogTimeout(report);
   }
-  report_unreported();
+  errors_.report_unreported();
 }
 
 }  // namespace lazydag::engine::detail

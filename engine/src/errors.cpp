@@ -68,16 +68,10 @@ void ErrorLog::report_unreported() {
   if (first) throw_op_error(*first, count - 1);
 }
 
-std::uint64_t ErrorLog::failed() const noexcept {
-  std::uint64_t sum = 0;
-  for (const Counts& c : counts_) sum += c.failed.load(std::memory_order_relaxed);
-  return sum;
-}
-
-std::uint64_t ErrorLog::skipped() const noexcept {
-  std::uint64_t sum = 0;
-  for (const Counts& c : counts_) sum += c.skipped.load(std::memory_order_relaxed);
-  return sum;
+std::uint64_t ErrorLog::sum(std::atomic<std::uint64_t> Counts::*field) const noexcept {
+  std::uint64_t total = 0;
+  for (const Counts& c : counts_) total += (c.*field).load(std::memory_order_relaxed);
+  return total;
 }
 
 }  // namespace lazydag::engine::detail

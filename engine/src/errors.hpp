@@ -81,8 +81,8 @@ class ErrorLog {
   /// reported (deterministic across policies), saying how many others
   /// there were; then none are kept.
   void report_unreported();
-  [[nodiscard]] std::uint64_t failed() const noexcept;
-  [[nodiscard]] std::uint64_t skipped() const noexcept;
+  [[nodiscard]] std::uint64_t failed() const noexcept { return sum(&Counts::failed); }
+  [[nodiscard]] std::uint64_t skipped() const noexcept { return sum(&Counts::skipped); }
 
  private:
   // One cache line per shard; a thread keeps to one shard.
@@ -92,6 +92,7 @@ class ErrorLog {
   };
   static constexpr std::size_t kShards = 8;
   Counts& mine() noexcept;
+  [[nodiscard]] std::uint64_t sum(std::atomic<std::uint64_t> Counts::*field) const noexcept;
 
   std::array<Counts, kShards> counts_;
   std::mutex mu_;

@@ -86,9 +86,9 @@ class PendingCounts {
   /// returns before a big op is computed): a frontend stalls. Exact; any
   /// thread.
   [[nodiscard]] bool over_window(std::size_t factor) const noexcept {
-    if (limits_.max_pending != 0 && unfinished() > factor * limits_.max_pending) return true;
-    return limits_.max_pending_bytes != 0 && unfinished_bytes() > factor * limits_.max_pending_bytes &&
-           unfinished() > 1;
+    const std::size_t live = unfinished();
+    return (limits_.max_pending != 0 && live > factor * limits_.max_pending) ||
+           (limits_.max_pending_bytes != 0 && live > 1 && unfinished_bytes() > factor * limits_.max_pending_bytes);
   }
 
   /// The same from the recorder's copies (recorder lock): reloads them only

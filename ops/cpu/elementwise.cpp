@@ -292,6 +292,17 @@ void vector_pow_row(const T* x, std::int64_t sx, const T* z, std::int64_t sz, T*
   }
 }
 
+// pow with one scalar operand: s ** x[i*sx] when scalar_first, else x[i*sx] ** s.
+template <class T>
+void scalar_pow_row(const T& s, bool scalar_first, const T* x, std::int64_t sx, T* y, std::int64_t sy,
+                    std::int64_t n) {
+  if (scalar_first) {
+    vector_pow_row(&s, 0, x, sx, y, sy, n);
+  } else {
+    vector_pow_row(x, sx, &s, 0, y, sy, n);
+  }
+}
+
 // exp, log, tanh, sigmoid and log1p of float32/float64 through SLEEF's vector
 // routines: unit-step runs directly, strided runs through a stack block.
 // sigmoid keeps its definition, 1 / (1 + exp(-x)), with the vector exp,
@@ -347,11 +358,7 @@ void binary_scalar(BinaryOp op, const TensorView& a, double scalar, bool scalar_
     if constexpr (std::is_floating_point_v<T>) {
       if (op == BinaryOp::kPow) {
         map_runs<T, T>(a, out, [&](const T* x, std::int64_t sx, T* y, std::int64_t sy, std::int64_t n) {
-          if (scalar_first) {
-            vector_pow_row(&s, 0, x, sx, y, sy, n);
-          } else {
-            vector_pow_row(x, sx, &s, 0, y, sy, n);
-          }
+          scalar_pow_row(s, scalar_first, x, sx, y, sy, n);
         });
         return;
       }
@@ -553,11 +560,7 @@ LAZYDAG_RUN_CLONES void scalar_run(BinaryOp op, DType t, const void* x, std::int
     }
     if constexpr (std::is_floating_point_v<T>) {
       if (op == BinaryOp::kPow) {
-        if (scalar_first) {
-          vector_pow_row(&s, 0, xs, sx, ys, 1, n);
-        } else {
-          vector_pow_row(xs, sx, &s, 0, ys, 1, n);
-        }
+        scalar_pow_row(s, scalar_first, xs, sx, ys, 1, n);
         return;
       }
     }

@@ -3,9 +3,6 @@
 // parts: record.cpp, schedule.cpp, streams.cpp, waits.cpp).
 #include <lazydag/engine/engine.hpp>
 
-#include <oneapi/tbb/global_control.h>
-#include <oneapi/tbb/info.h>
-#include <oneapi/tbb/task_arena.h>
 
 #include <algorithm>
 #include <atomic>
@@ -123,26 +120,6 @@ int default_compute_streams() {
 unsigned sim_delay_us() { return static_cast<unsigned>(env_size("LAZYDAG_SIM_DELAY_US", 0, 1000000)); }
 
 namespace {
-
-// One process-wide raise of oneTBB's worker limit, never lowered: several
-// engines each see at least the workers they asked for.
-void ensure_tbb_workers(int workers) {
-  static std::mutex mu;
-  static std::unique_ptr<tbb::global_control> control;
-  static std::size_t current = 0;
-  std::lock_guard lk(mu);
-  auto wanted = static_cast<std::size_t>(workers) + 1;  // + the external slot
-  auto base = static_cast<std::size_t>(tbb::info::default_concurrency());
-  if (wanted <= base || wanted <= current) return;
-  auto next = std::make_unique<tbb::global_control>(
-      tbb::global_control::max_allowed_parallelism, wanted);
-  control = std::move(next);
-  current = wanted;
-}
-
-}  // namespace
-
-namespace {
 std::atomic<std::uint64_t> g_engine_ids{0};
 }  // namespace
 
@@ -186,14 +163,6 @@ EngineImpl::EngineImpl(EngineOptions options)
   // Every ready node can sit in the queue at once: with the window, at most
   // about 2 x max_pending are unfinished, so the ring never grows after this.
   if (options.max_pending != 0) queue_.reserve(std::min<std::size_t>(2 * options.max_pending + 64, std::size_t{1} << 16));
-  if (num_threads_ > 0) {
-    ensure_tbb_workers(num_threads_);
-    // Slot 0 is reserved for an external thread (never used: frontend threads
-    // help through the engine's own queues), so the workers take slots
-    // 1..num_threads_ and RunContext::worker_index is slot - 1.
-    arena_ = std::make_unique<tbb::task_arena>(num_threads_ + 1, 1);
-    arena_->initialize();
-  }
 }
 
 // Runs what was recorded, and what running it and destroying its buried
@@ -216,13 +185,9 @@ EngineImpl::~EngineImpl() {
     RecLock lk(record_mu_);
     vars_.sweep();  // every node is done: frees the deleted vars' slots and node refs
   }
-  // Worker tasks leave within their idle spin; wait for the last to return.
-  while (live_tasks_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
+  workers_.join();
   // Joins the emulated executors (a completion may still be finishing).
-  for (std::size_t i = 0; i < slots_.size(); ++i) {
-    devices_[i].store(nullptr, std::memory_order_release);
-    slots_[i].device.reset();
-  }
+  devices_.close();
 }
 
 }  // namespace detail

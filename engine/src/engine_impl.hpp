@@ -9,18 +9,16 @@
 #include <lazydag/engine/engine.hpp>
 #include <lazydag/engine/stream.hpp>
 
-#include <oneapi/tbb/task_arena.h>
-
 #include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "device_table.hpp"
 #include "errors.hpp"
 #include "event_count.hpp"
 #include "graph_mutex.hpp"
@@ -31,22 +29,11 @@
 #include "ready_queue.hpp"
 #include "var_table.hpp"
 #include "waiter_slots.hpp"
+#include "workers.hpp"
 
 namespace lazydag::engine::detail {
 
-int default_compute_streams();
 StallHooks stall_hooks() noexcept;  // set_stall_hooks's
-unsigned sim_delay_us();
-
-// Scheduler state of one stream device.
-struct DeviceSlot {
-  std::unique_ptr<StreamDevice> device;
-  std::uint32_t next_stream = 0;  // recorder lock: round-robin for nodes without a producer
-  std::mutex mu;                  // guards the run-ahead fields below
-  std::size_t in_flight = 0;
-  std::size_t in_flight_bytes = 0;
-  std::deque<Node*> held;         // kDeferred nodes, one ref each, oldest first
-};
 
 thread_local inline const EngineImpl* tls_running_engine = nullptr;
 // The node whose function this thread is running (push_async's wrapper).
@@ -97,7 +84,6 @@ class EngineImpl {
 
  private:
   using RecLock = std::unique_lock<GraphMutex>;
-  static constexpr int kMaxStreamDevices = 8;
 
   // ---- record.cpp: recorder lock held unless said otherwise
   void check_not_in_op(std::string_view call) const;
@@ -166,12 +152,10 @@ class EngineImpl {
   void notify_idle();
   void bury(Node* n) noexcept;
   void drain_graveyard() noexcept;
-  void runner();
+  void runner(int worker);
 
   // ---- streams.cpp
   void device_done(Node* n);
-  DeviceSlot& slot_of(const Device& d);
-  int choose_stream(Node* n, StreamKind kind);  // recorder lock
   bool claim_stream(Node* n);
   void launch(Node* n);
   Node* mark_launched(Node* n, Bypass bypass);
@@ -228,13 +212,11 @@ class EngineImpl {
 
   // Scheduling.
   ReadyQueue<Node> queue_;  // one ref per entry
-  std::atomic<int> active_runners_{0};  // runners looking for work or running it
   // Whether the newest node queued was made ready by a push (its frontend
   // may run it itself in a wait next: the workers' grace period) rather
   // than by a completion. A hint: races only shorten or skip a grace.
   std::atomic<bool> pushed_last_{false};
-  std::atomic<int> live_tasks_{0};      // runner tasks not yet returned (the destructor waits)
-  std::unique_ptr<tbb::task_arena> arena_;
+  Workers workers_{num_threads_};
 
   // Waiting: frontend threads park on `events_`, notified by every event a
   // waiter may be waiting for.
@@ -243,16 +225,11 @@ class EngineImpl {
 
   // Counters (relaxed: statistics).
   std::atomic<std::uint64_t> nodes_launched_{0};
-  std::atomic<std::uint64_t> in_flight_stalls_{0};
   std::array<std::atomic<std::uint64_t>, kBlockingCallKinds> blocking_calls_{};
   std::atomic<std::uint64_t> blocked_ticks_{0};  // TickClock ticks
 
-  // Stream devices: sim(0..7) then gpu(0..7). `devices_` is written once per
-  // slot under devices_mu_ (creation may be slow: CUDA initialisation) and
-  // read lock-free after.
-  std::array<DeviceSlot, 2 * kMaxStreamDevices> slots_;
-  std::array<std::atomic<StreamDevice*>, 2 * kMaxStreamDevices> devices_{};
-  std::mutex devices_mu_;
+  // Stream devices: the devices, stream choice, run-ahead bounds.
+  DeviceTable devices_{options_.max_in_flight, options_.max_in_flight_bytes};
 };
 
 }  // namespace lazydag::engine::detail

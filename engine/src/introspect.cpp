@@ -106,7 +106,7 @@ EngineStats EngineImpl::stats() const {
   s.nodes_skipped = errors_.skipped();
   s.nodes_run = completed > s.nodes_skipped ? completed - s.nodes_skipped : 0;
   s.nodes_launched = nodes_launched_.load(std::memory_order_relaxed);
-  s.in_flight_stalls = in_flight_stalls_.load(std::memory_order_relaxed);
+  s.in_flight_stalls = devices_.stalls();
   s.unfinished = counts_.unfinished();
   s.peak_unfinished = counts_.peak();
   for (std::size_t k = 0; k < kBlockingCallKinds; ++k) {

@@ -288,7 +288,7 @@ void EngineImpl::push(Function fn, std::span<const Var> reads, std::span<const V
   const std::uint32_t refs = link(n, std::span<VarState* const>(pure_reads.begin(), pure_reads.size()),
                                   std::span<VarState* const>(ws.begin(), ws.size()));
   n->refs.store(refs + 1, std::memory_order_relaxed);
-  if (sdev != nullptr) n->stream = choose_stream(n, options.stream);
+  if (sdev != nullptr) n->stream = devices_.choose_stream(n, options.stream);
   record(n);
   if (profiling) {
     profiler::detail::record(

@@ -12,7 +12,8 @@
 // ready work, spins briefly when it finds none, then returns; a node made
 // ready when fewer workers than configured are active enqueues one more.
 // The exit protocol and the enqueue check are a Dekker pair on seq_cst
-// operations (queue size, active_runners_), so ready work never strands.
+// operations (queue size, the active count), so ready work never strands
+// (workers.hpp).
 #include "engine_impl.hpp"
 #include "errors.hpp"
 
@@ -168,7 +169,7 @@ void EngineImpl::make_ready_many(Node* const* nodes, std::size_t k) {
   // A worker started per node, while any is left to start.
   for (std::size_t i = 0; i < q; ++i) {
     notify_idle();
-    if (active_runners_.load(std::memory_order_relaxed) >= num_threads_) break;
+    if (workers_.active() >= num_threads_) break;
   }
 }
 
@@ -185,14 +186,7 @@ void EngineImpl::run_inline(Node* n) {
 // After a queue push: one more worker if fewer than configured are active;
 // with none to start, parked frontend threads that help with any work.
 void EngineImpl::notify_idle() {
-  int active = active_runners_.load(std::memory_order_seq_cst);
-  while (active < num_threads_) {
-    if (active_runners_.compare_exchange_weak(active, active + 1, std::memory_order_seq_cst)) {
-      live_tasks_.fetch_add(1, std::memory_order_relaxed);
-      arena_->enqueue([this] { runner(); });
-      return;
-    }
-  }
+  if (workers_.start([this](int worker) { runner(worker); })) return;
   if (events_.any_parked() &&
       (num_threads_ == 0 || waiters_.any_waitall(std::memory_order_relaxed) ||
        waiters_.any_throttled(std::memory_order_relaxed))) {
@@ -452,8 +446,7 @@ Node* EngineImpl::complete(Node* n, Bypass bypass) {
   return next;
 }
 
-void EngineImpl::runner() {
-  const int worker = tbb::this_task_arena::current_thread_index() - 1;
+void EngineImpl::runner(int worker) {
   if (profiler::detail::on()) {
     thread_local bool named = false;
     if (!named) {
@@ -519,19 +512,12 @@ void EngineImpl::runner() {
     // re-enqueueing a task costs more), yielding so a thread that has the
     // work to record gets the core.
     if (spin_for(kRunnerSpin, [&] { return !queue_.empty(); })) continue;
-    active_runners_.fetch_sub(1, std::memory_order_seq_cst);
+    workers_.retire();
     // A push that saw this runner still active did not start another: look
     // once more before leaving, and stay if there is work and room.
-    if (!queue_.empty()) {
-      int active = active_runners_.load(std::memory_order_seq_cst);
-      if (active < num_threads_ &&
-          active_runners_.compare_exchange_strong(active, active + 1, std::memory_order_seq_cst)) {
-        continue;
-      }
-    }
+    if (!queue_.empty() && workers_.rejoin()) continue;
     break;
   }
-  live_tasks_.fetch_sub(1, std::memory_order_release);  // last touch of the engine
 }
 
 }  // namespace lazydag::engine::detail

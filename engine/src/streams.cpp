@@ -5,79 +5,16 @@
 // device. Each device's run-ahead state has a mutex of its own.
 #include "engine_impl.hpp"
 
-#include "cuda_backend.hpp"
-#include "sim_device.hpp"
 
 namespace lazydag::engine::detail {
 
-DeviceSlot& EngineImpl::slot_of(const Device& d) {
-  return slots_[static_cast<std::size_t>((d.kind == DeviceKind::kGpu ? kMaxStreamDevices : 0) + d.id)];
-}
-
-StreamDevice& EngineImpl::stream_device(Device d) {
-  if (d.kind != DeviceKind::kCpu && d.kind != DeviceKind::kSim && d.kind != DeviceKind::kGpu) {
-    throw InvalidArgument("stream_device: " + d.str() + " is not a device (unknown device kind " +
-                          std::to_string(static_cast<int>(d.kind)) + ")");
-  }
-  if (d.kind == DeviceKind::kCpu) {
-    throw InvalidArgument("stream_device: " + d.str() + " is not a stream device");
-  }
-  if (d.id < 0 || d.id >= kMaxStreamDevices) {
-    throw InvalidArgument(d.str() + ": device ids are in [0, " + std::to_string(kMaxStreamDevices) + ")");
-  }
-  const auto i = static_cast<std::size_t>((d.kind == DeviceKind::kGpu ? kMaxStreamDevices : 0) + d.id);
-  if (StreamDevice* p = devices_[i].load(std::memory_order_acquire)) return *p;
-  std::lock_guard lk(devices_mu_);
-  if (StreamDevice* p = devices_[i].load(std::memory_order_acquire)) return *p;
-  std::unique_ptr<StreamDevice> dev;
-  if (d.kind == DeviceKind::kSim) {
-    dev = std::make_unique<SimDevice>(d.id, default_compute_streams(), sim_delay_us());
-  } else {
-    dev = make_cuda_device(d.id, default_compute_streams());  // throws BackendUnavailable
-  }
-  StreamDevice* p = dev.get();
-  slots_[i].device = std::move(dev);
-  devices_[i].store(p, std::memory_order_release);
-  return *p;
-}
-
-// Compute nodes follow their latest unfinished producer on the same device
-// (its stream order then carries the dependency, with no event); nodes with
-// none are spread round-robin over the compute streams. Copies use the
-// device's copy streams, so that they overlap compute. Recorder lock held.
-int EngineImpl::choose_stream(Node* n, StreamKind kind) {
-  StreamDevice* d = n->sdev;
-  if (kind == StreamKind::kCopyIn) return d->copy_in_stream();
-  if (kind == StreamKind::kCopyOut) return d->copy_out_stream();
-  const Node* best = nullptr;
-  for (const Node* p : n->preds) {
-    if (p->sdev == d && p->stream < d->num_compute_streams() && (best == nullptr || p->seq > best->seq)) {
-      best = p;
-    }
-  }
-  if (best != nullptr) return best->stream;
-  DeviceSlot& slot = slot_of(d->device());
-  return static_cast<int>(slot.next_stream++ % static_cast<std::uint32_t>(d->num_compute_streams()));
-}
+StreamDevice& EngineImpl::stream_device(Device d) { return devices_.get(d); }
 
 // A claimed stream node either takes a place in its device's run-ahead
 // bound, or is held (kDeferred, one ref) until a completion on that device
 // frees one. Collects the events of producers on other streams.
 bool EngineImpl::claim_stream(Node* n) {
-  DeviceSlot& d = slot_of(n->sdev->device());
-  {
-    std::lock_guard g(d.mu);
-    if (d.in_flight >= options_.max_in_flight ||
-        (d.in_flight != 0 && d.in_flight_bytes + n->bytes > options_.max_in_flight_bytes)) {
-      n->state.store(NodeState::kDeferred, std::memory_order_relaxed);
-      NodePool::retain(n);
-      d.held.push_back(n);
-      in_flight_stalls_.fetch_add(1, std::memory_order_relaxed);
-      return false;
-    }
-    ++d.in_flight;
-    d.in_flight_bytes += n->bytes;
-  }
+  if (!devices_.admit(n)) return false;
   n->waits.clear();
   // n's own predecessor list changes only at n's completion, so it is read
   // without n's lock. A producer seen kLaunched has published its event.
@@ -139,20 +76,8 @@ Node* EngineImpl::mark_launched(Node* n, Bypass bypass) {
 
 // n leaves its device's run-ahead bound; held nodes that now fit are ready.
 void EngineImpl::device_done(Node* n) {
-  DeviceSlot& d = slot_of(n->sdev->device());
   SmallVector<Node*, 8> fit;
-  {
-    std::lock_guard g(d.mu);
-    --d.in_flight;
-    d.in_flight_bytes -= n->bytes;
-    std::size_t bytes = d.in_flight_bytes;
-    while (!d.held.empty() && d.in_flight + fit.size() < options_.max_in_flight &&
-           (d.in_flight + fit.size() == 0 || bytes + d.held.front()->bytes <= options_.max_in_flight_bytes)) {
-      bytes += d.held.front()->bytes;
-      fit.push_back(d.held.front());
-      d.held.pop_front();
-    }
-  }
+  devices_.leave(n, fit);
   for (Node* h : fit) {
     make_ready(h);
     pool_.release(h);

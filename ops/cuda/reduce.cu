@@ -2,13 +2,16 @@
 // commutative and associative (so CUB's order does not change the result):
 // sums accumulate in double (float) or wrap in int64 (integers); max, min
 // and argmax keep the first NaN and the lowest index on ties, as the CPU
-// does. Over the last axis: one warp per output element, its threads
-// reading neighbouring elements and combining with warp shuffles (the
-// combine is commutative and associative, so the tree's order gives the
-// same max, min and argmax, and sums within rounding of a double). Over any
-// other axis: a block per group of up to 32 neighbouring output elements,
-// its threads reading along the inner dim (coalesced) and splitting the
-// axis, combined by a tree in shared memory (columns_kernel).
+// does. Over the last axis of many rows: one warp per output element, its
+// threads reading neighbouring elements and combining with warp shuffles
+// (the combine is commutative and associative, so the tree's order gives
+// the same max, min and argmax, and sums within rounding of a double). Over
+// any other axis, and over few long rows: a block per group of up to 32
+// neighbouring output elements, its threads reading along the inner dim
+// (coalesced) and splitting the axis, combined by a tree in shared memory;
+// with few such groups, the axis is also cut into stretches of a block
+// each, whose partials a second kernel combines in a fixed order
+// (columns_kernel, split_finish_kernel).
 #include "common.cuh"
 
 #include <cub/device/device_reduce.cuh>
@@ -97,19 +100,25 @@ __global__ void finish_kernel(ReduceOp op, const Item<T>* in, O* out, std::int64
   out[0] = result<T, O>(op, *in, len);
 }
 
-// Over an axis that is not the last: output lane (o, i) reduces
-// x[o*len*inner + l*inner + i] over l. A block of bx * by threads (bx * by
-// = kColumnThreads) takes bx neighbouring lanes of one o: threadIdx.x picks
-// the lane, so a warp's loads are coalesced along the inner dim, and the by
-// threads of a lane split the axis (l = threadIdx.y, + by, ...); they then
-// combine in shared memory by a tree of fixed shape (deterministic). bx is
-// the inner size rounded up to a power of two, at most 32: few lanes get
-// more threads along the axis.
+// Over an axis that is not the last (and over the last, for few long
+// rows): output lane (o, i) reduces x[o*len*inner + l*inner + i] over l. A
+// block of bx * by threads (bx * by = kColumnThreads) takes bx neighbouring
+// lanes of one o and one stretch of the axis: threadIdx.x picks the lane, so
+// a warp's loads are coalesced along the inner dim (with inner = 1, bx = 1
+// and the block's threads read neighbouring elements of the row), and the by
+// threads of a lane split the stretch (l = first + threadIdx.y, + by, ...);
+// they then combine in shared memory by a tree of fixed shape. bx is the
+// inner size rounded up to a power of two, at most 32: few lanes get more
+// threads along the axis. With splits > 1 the axis is cut into `splits`
+// stretches of equal length, one block each, whose partials go to
+// `partial` ([lane][split]); split_finish_kernel then combines each lane's
+// partials in split order. The stretches depend on the shape alone, so the
+// result is the same on every run and every GPU (deterministic).
 constexpr int kColumnThreads = 256;
 
 template <class T, class O>
-__global__ void columns_kernel(ReduceOp op, const T* x, O* y, std::int64_t outer, std::int64_t len,
-                               std::int64_t inner) {
+__global__ void columns_kernel(ReduceOp op, const T* x, O* y, Item<T>* partial, std::int64_t outer,
+                               std::int64_t len, std::int64_t inner, std::int64_t splits) {
   extern __shared__ __align__(16) unsigned char column_shared[];
   Item<T>* part = reinterpret_cast<Item<T>*>(column_shared);  // [by][bx]
   const Combine<T> combine{op};
@@ -118,13 +127,18 @@ __global__ void columns_kernel(ReduceOp op, const T* x, O* y, std::int64_t outer
   const int tx = static_cast<int>(threadIdx.x);
   const int ty = static_cast<int>(threadIdx.y);
   const std::int64_t tiles = (inner + bx - 1) / bx;  // lane groups per o
-  for (std::int64_t b = blockIdx.x; b < outer * tiles; b += gridDim.x) {
-    const std::int64_t o = b / tiles;
-    const std::int64_t i = (b - o * tiles) * bx + tx;
+  const std::int64_t stretch = (len + splits - 1) / splits;
+  for (std::int64_t b = blockIdx.x; b < outer * tiles * splits; b += gridDim.x) {
+    const std::int64_t group = b / splits;
+    const std::int64_t split = b - group * splits;
+    const std::int64_t o = group / tiles;
+    const std::int64_t i = (group - o * tiles) * bx + tx;
+    const std::int64_t first = split * stretch;
+    const std::int64_t last = first + stretch < len ? first + stretch : len;
     Item<T> acc{Acc<T>(0), T{}, -1};
     if (i < inner) {
       const T* p = x + o * len * inner + i;
-      for (std::int64_t l = ty; l < len; l += by) {
+      for (std::int64_t l = first + ty; l < last; l += by) {
         acc = combine(acc, Item<T>{static_cast<Acc<T>>(p[l * inner]), p[l * inner], l});
       }
     }
@@ -134,8 +148,29 @@ __global__ void columns_kernel(ReduceOp op, const T* x, O* y, std::int64_t outer
       if (ty < half) part[ty * bx + tx] = combine(part[ty * bx + tx], part[(ty + half) * bx + tx]);
       __syncthreads();
     }
-    if (ty == 0 && i < inner) y[o * inner + i] = result<T, O>(op, part[tx], len);
+    if (ty == 0 && i < inner) {
+      if (splits == 1) {
+        y[o * inner + i] = result<T, O>(op, part[tx], len);
+      } else {
+        partial[(o * inner + i) * splits + split] = part[tx];
+      }
+    }
     __syncthreads();  // part is reused by the block's next lane group
+  }
+}
+
+// One thread per output lane: its partials, combined in split order.
+template <class T, class O>
+__global__ void split_finish_kernel(ReduceOp op, const Item<T>* partial, O* y, std::int64_t lanes,
+                                    std::int64_t splits, std::int64_t len) {
+  const Combine<T> combine{op};
+  const std::int64_t stride = static_cast<std::int64_t>(blockDim.x) * gridDim.x;
+  for (std::int64_t lane = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; lane < lanes;
+       lane += stride) {
+    const Item<T>* p = partial + lane * splits;
+    Item<T> acc = p[0];
+    for (std::int64_t k = 1; k < splits; ++k) acc = combine(acc, p[k]);
+    y[lane] = result<T, O>(op, acc, len);
   }
 }
 
@@ -160,6 +195,25 @@ __global__ void rows_kernel(ReduceOp op, const T* x, O* y, std::int64_t rows, st
     }
     if (lane == 0) y[r] = result<T, O>(op, acc, len);
   }
+}
+
+// Rows at least this many go to a warp each (enough warps to fill a GPU);
+// rows shorter than this too (a block per row would idle).
+constexpr std::int64_t kManyRows = 4096;
+constexpr std::int64_t kShortRow = 8192;
+// Blocks the split columns kernel aims at (several per SM of any current
+// GPU), and the elements each thread of a block reduces at least in its
+// stretch, so that a stretch amortises its share of the partials.
+constexpr std::int64_t kSplitBlocks = 1024;
+constexpr std::int64_t kPerThread = 32;
+
+// How many stretches the axis is cut into, from the shape alone: 1 when the
+// lane groups fill the GPU already or the axis is short.
+std::int64_t split_count(std::int64_t groups, std::int64_t len, int by) {
+  if (groups >= kSplitBlocks / 2 || len == 0) return 1;
+  const std::int64_t by_blocks = (kSplitBlocks + groups - 1) / groups;
+  const std::int64_t by_length = len / (static_cast<std::int64_t>(by) * kPerThread);
+  return std::max<std::int64_t>(1, std::min(by_blocks, by_length));
 }
 
 }  // namespace
@@ -188,7 +242,9 @@ void reduce(void* stream, ReduceOp op, const TensorView& a, bool all, int axis, 
         const T* x = static_cast<const T*>(a.data) + a.offset;
         O* y = static_cast<O*>(out.data) + out.offset;
         if (outer * inner == 0) return;
-        if (inner == 1 && outer > 1 && len > 0) {
+        // Few long rows go to the columns kernel (inner = 1), whose
+        // blocks split the rows; many rows, a warp each.
+        if (inner == 1 && outer > 1 && len > 0 && (outer >= kManyRows || len < kShortRow)) {
           detail::clear_last_error();
           rows_kernel<T, O><<<detail::blocks_for(outer * 32), 256, 0, s>>>(op, x, y, outer, len);
           detail::check_launch("reduce kernel (rows)");
@@ -197,12 +253,33 @@ void reduce(void* stream, ReduceOp op, const TensorView& a, bool all, int axis, 
         if (outer * inner > 1 || len == 0) {
           int bx = 1;
           while (bx < 32 && bx < inner) bx *= 2;
-          const dim3 block(static_cast<unsigned>(bx), static_cast<unsigned>(kColumnThreads / bx));
+          const int by = kColumnThreads / bx;
+          const dim3 block(static_cast<unsigned>(bx), static_cast<unsigned>(by));
           const std::int64_t groups = outer * ((inner + bx - 1) / bx);
-          const int grid = static_cast<int>(std::min<std::int64_t>(groups, 65535 * 16));
+          const std::int64_t splits = split_count(groups, len, by);
+          const std::int64_t blocks = groups * splits;
+          const int grid = static_cast<int>(std::min<std::int64_t>(blocks, 65535 * 16));
+          const std::size_t shared = kColumnThreads * sizeof(Item<T>);
+          if (splits == 1) {
+            detail::clear_last_error();
+            columns_kernel<T, O><<<grid, block, shared, s>>>(op, x, y, nullptr, outer, len, inner, 1);
+            detail::check_launch("reduce kernel (columns)");
+            return;
+          }
+          const std::int64_t lanes = outer * inner;
+          Item<T>* partial = nullptr;
+          LAZYDAG_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&partial),
+                                             static_cast<std::size_t>(lanes * splits) * sizeof(Item<T>), s),
+                             "reduce scratch (partials)");
           detail::clear_last_error();
-          columns_kernel<T, O><<<grid, block, kColumnThreads * sizeof(Item<T>), s>>>(op, x, y, outer, len, inner);
-          detail::check_launch("reduce kernel (columns)");
+          columns_kernel<T, O><<<grid, block, shared, s>>>(op, x, y, partial, outer, len, inner, splits);
+          cudaError_t e = cudaGetLastError();
+          if (e == cudaSuccess) {
+            split_finish_kernel<T, O><<<detail::blocks_for(lanes), 256, 0, s>>>(op, partial, y, lanes, splits, len);
+            e = cudaGetLastError();
+          }
+          (void)cudaFreeAsync(partial, s);
+          if (e != cudaSuccess) ::lazydag::cuda::throw_cuda_error(e, "reduce kernel (split columns)", "reduce");
           return;
         }
         auto in = thrust::make_transform_iterator(thrust::counting_iterator<std::int64_t>(0), Load<T>{x});

@@ -147,6 +147,20 @@ TEST_SUITE("gpu") {
       CHECK(gc.min(1).to_vector<float>() == cube.min(1).to_vector<float>());
       CHECK(gt.argmax(0).to_vector<std::int64_t>() == tall.argmax(0).to_vector<std::int64_t>());
       CHECK(gc.argmax(1).to_vector<std::int64_t>() == cube.argmax(1).to_vector<std::int64_t>());
+      // few long rows, the last axis: blocks split each row, partials
+      // combined in a fixed order (the same result on every run)
+      std::vector<float> wide_values = test::random_values<float>(3 * 200003, 21);
+      wide_values[2 * 200003 + 150000] = 7.0F;  // a tie: the lowest index wins
+      wide_values[2 * 200003 + 190000] = 7.0F;
+      const NDArray wide = nd::array(wide_values, {3, 200003}, cpu());
+      const NDArray gw = wide.copyto(gpu(0));
+      check_close(gw.sum(1).to_vector<float>(), wide.sum(1).to_vector<float>(), 1e-4, 1e-3);
+      check_close(gw.mean(1).to_vector<float>(), wide.mean(1).to_vector<float>(), 1e-5, 1e-5);
+      CHECK(gw.max(1).to_vector<float>() == wide.max(1).to_vector<float>());
+      CHECK(gw.min(1).to_vector<float>() == wide.min(1).to_vector<float>());
+      CHECK(gw.argmax(1).to_vector<std::int64_t>() == wide.argmax(1).to_vector<std::int64_t>());
+      CHECK(gw.sum(1).to_vector<float>() == gw.sum(1).to_vector<float>());
+      CHECK(gt.sum(0).to_vector<float>() == gt.sum(0).to_vector<float>());
     }
     // integer arithmetic wraps as on the CPU
     const std::vector<std::int32_t> big{2147483647, -2147483647 - 1, 7};

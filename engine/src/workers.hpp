@@ -39,10 +39,16 @@ class Workers {
     while (active < n_) {
       if (active_.compare_exchange_weak(active, active + 1, std::memory_order_seq_cst)) {
         live_.fetch_add(1, std::memory_order_relaxed);
-        arena_->enqueue([this, loop] {
-          loop(tbb::this_task_arena::current_thread_index() - 1);
-          live_.fetch_sub(1, std::memory_order_release);  // the task's last touch of the engine
-        });
+        try {
+          arena_->enqueue([this, loop] {
+            loop(tbb::this_task_arena::current_thread_index() - 1);
+            live_.fetch_sub(1, std::memory_order_release);  // the task's last touch of the engine
+          });
+        } catch (...) {  // no task was made: join() must not wait for it
+          live_.fetch_sub(1, std::memory_order_relaxed);
+          active_.fetch_sub(1, std::memory_order_seq_cst);
+          throw;
+        }
         return true;
       }
     }

@@ -1,8 +1,8 @@
-// The engine's public facade: names, options from the environment, the
-// worker arena, and Engine's member functions forwarding to EngineImpl (its
-// parts: record.cpp, schedule.cpp, streams.cpp, waits.cpp).
+// The engine's public facade: names, options from the environment,
+// construction and teardown, and Engine's member functions forwarding to
+// EngineImpl (its parts: record.cpp, schedule.cpp, streams.cpp, waits.cpp;
+// the devices and workers in device_table.* and workers.*).
 #include <lazydag/engine/engine.hpp>
-
 
 #include <algorithm>
 #include <atomic>

@@ -1,10 +1,10 @@
-// Stream devices in the scheduler: which stream a node goes to, launch
-// edges (a consumer on a stream device becomes ready when its stream-device
-// producers are *launched*; the device orders them by stream order and
-// events), the per-device run-ahead bound, and completions reported by the
-// device. Each device's run-ahead state has a mutex of its own.
+// Stream devices in the scheduler: launch edges (a consumer on a stream
+// device becomes ready when its stream-device producers are *launched*; the
+// device orders them by stream order and events), claiming through the
+// device's run-ahead bound, and completions reported by the device. Which
+// stream a node goes to and the bounds themselves are the DeviceTable's
+// (device_table.hpp).
 #include "engine_impl.hpp"
-
 
 namespace lazydag::engine::detail {
 

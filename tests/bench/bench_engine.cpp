@@ -72,18 +72,22 @@ std::uint64_t calibrate_spin(double us) {
   return std::max<std::uint64_t>(1, static_cast<std::uint64_t>(static_cast<double>(iters) * us * 1e-6 / t[2]));
 }
 
+// What the chain and independent nodes write, on a cache line of its own
+// (alignas makes the struct a whole line): every workload's, lazydag's and
+// the peers' alike.
+struct alignas(64) Sink {
+  std::uint64_t value = 0;
+};
+
 // ---- lazydag ------------------------------------------------------------
 
 struct EngineBench {
   Engine eng;
   std::vector<Var> vars;
-  // On a cache line of its own: the nodes write it on a worker while the
-  // frontend reads `eng` and `vars` for every push, and a shared line moved
-  // between the cores on every node (a 10,000-node chain recorded while a
-  // worker ran it: 361-401 ns per op with the sink beside them, 231-321 ns
-  // apart).
-  alignas(64) std::uint64_t sink = 0;
-  char sink_line_rest[64 - sizeof(std::uint64_t)] = {};
+  // The nodes write it on a worker while the frontend reads `eng` and
+  // `vars` for every push: on a shared line, the line moved between the
+  // cores on every node (docs/benchmarks.md, "The sinks' cache lines").
+  Sink sink;
 
   explicit EngineBench(EngineOptions o) : eng(o) {
     for (int i = 0; i < kIndependent; ++i) vars.push_back(eng.new_var());
@@ -103,7 +107,7 @@ struct EngineBench {
 
   double chain(bool sync) {
     Var x = vars[0];
-    std::uint64_t* s = &sink;
+    std::uint64_t* s = &sink.value;
     auto t0 = Clock::now();
     for (int i = 0; i < kChain; ++i) {
       eng.push([s](const RunContext&) { ++*s; }, {x}, {x});
@@ -114,7 +118,7 @@ struct EngineBench {
   }
 
   double independent() {
-    std::uint64_t* s = &sink;
+    std::uint64_t* s = &sink.value;
     auto t0 = Clock::now();
     for (int i = 0; i < kIndependent; ++i) {
       eng.push([s, i](const RunContext&) { s[0] += 0 * i; }, {}, {vars[i]});
@@ -142,7 +146,7 @@ struct EngineBench {
   // report, per node.
   double stream_chain(Device a, Device b, bool sync) {
     Var x = vars[0];
-    std::uint64_t* s = &sink;
+    std::uint64_t* s = &sink.value;
     auto t0 = Clock::now();
     for (int i = 0; i < kChain; ++i) {
       PushOptions o;
@@ -377,9 +381,8 @@ void line(const char* workload, const std::string& who, double seconds, int ops)
 
 int main() {
   const int threads = static_cast<int>(std::max(1U, std::thread::hardware_concurrency()));
-  // Each on a cache line of its own, as EngineBench's.
-  alignas(64) std::uint64_t tbb_sink = 0;
-  alignas(64) std::uint64_t counters_sink = 0;
+  Sink tbb_sink;
+  Sink counters_sink;
   struct Peer {
     const char* workload;
     int ops;
@@ -388,12 +391,12 @@ int main() {
   };
   std::vector<Peer> peers = {
       {"push_only", kIndependent, [] { return tbb_push_only(); }, [] { return counters_push_only(); }},
-      {"chain_async", kChain, [&] { return tbb_chain(false, tbb_sink); },
-       [&] { return counters_chain(false, counters_sink); }},
-      {"chain_sync", kChain, [&] { return tbb_chain(true, tbb_sink); },
-       [&] { return counters_chain(true, counters_sink); }},
-      {"independent", kIndependent, [&] { return tbb_independent(tbb_sink); },
-       [&] { return counters_independent(counters_sink); }},
+      {"chain_async", kChain, [&] { return tbb_chain(false, tbb_sink.value); },
+       [&] { return counters_chain(false, counters_sink.value); }},
+      {"chain_sync", kChain, [&] { return tbb_chain(true, tbb_sink.value); },
+       [&] { return counters_chain(true, counters_sink.value); }},
+      {"independent", kIndependent, [&] { return tbb_independent(tbb_sink.value); },
+       [&] { return counters_independent(counters_sink.value); }},
       {"fan", kLayers * kWidth, [] { return tbb_fan(); }, [] { return counters_fan(); }},
   };
   std::vector<double> peer_ns;

@@ -102,7 +102,7 @@ class EngineImpl {
   void mark_requested(Node* n);
 
   // ---- schedule.cpp: no lock held
-  void make_ready(Node* n);
+  void make_ready(Node* n, bool pushed = false);
   // Nodes made ready together, queued under one queue lock per
   // kReadyBatch (make_ready_many): add() queues a full batch, flush() the
   // rest.
@@ -136,7 +136,8 @@ class EngineImpl {
   void publish_ready(Node* n);
   Node* claim_now(Node* n);
   bool hand_to_waiter(Node* n);
-  void not_pushed_last() noexcept;
+  void note_pushed_last(bool pushed) noexcept;
+  void note_streak(bool ready) noexcept;
   void make_ready_many(Node* const* nodes, std::size_t k);
   void run_inline(Node* n);
   bool claim(Node* n);
@@ -153,6 +154,7 @@ class EngineImpl {
   void bury(Node* n) noexcept;
   void drain_graveyard() noexcept;
   void runner(int worker);
+  void await_recording() const noexcept;
 
   // ---- streams.cpp
   void device_done(Node* n);
@@ -215,7 +217,14 @@ class EngineImpl {
   // Whether the newest node queued was made ready by a push (its frontend
   // may run it itself in a wait next: the workers' grace period) rather
   // than by a completion. A hint: races only shorten or skip a grace.
-  std::atomic<bool> pushed_last_{false};
+  // Whether a frontend is streaming ready nodes (schedule.cpp, kStreak):
+  // idle workers let the queue fill. Both flags are read by idle workers
+  // and written only when they change, on a line of their own; the streak
+  // counter, written by the frontend on every push, on another.
+  alignas(64) std::atomic<bool> pushed_last_{false};
+  std::atomic<bool> streaming_{false};
+  alignas(64) std::atomic<std::uint32_t> streak_{0};
+  char streak_pad_[60] = {};
   Workers workers_{num_threads_};
 
   // Waiting: frontend threads park on `events_`, notified by every event a

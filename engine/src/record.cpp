@@ -322,9 +322,15 @@ void EngineImpl::push(Function fn, std::span<const Var> reads, std::span<const V
     if (small) {
       run_inline(n);
     } else {
-      make_ready(n);
-      if (!in_op) pushed_last_.store(true, std::memory_order_relaxed);
+      make_ready(n, !in_op);
+      // Counted only behind another queued node: a chain's nodes, ready
+      // because a worker ran the one before, find the queue empty.
+      if (!in_op && queue_.size() >= 2) note_streak(true);
     }
+  } else if (!in_op) {
+    // A node that waits for others: the queued work may be what it waits
+    // for, so the workers stop leaving it to the frontend.
+    note_streak(false);
   }
   if (run_now) {
     run_now_naive(n);

@@ -406,4 +406,51 @@ TEST_SUITE("engine") {
       }
     }
   }
+
+  TEST_CASE("Protocol.StreamedNodesRunWithoutAWait" * doctest::timeout(120)) {
+    // A frontend that records a burst of independent ready nodes streams:
+    // the workers let the queue fill before they take from it. Whatever way
+    // the burst ends (the frontend goes quiet, a node that depends on the
+    // queue, one more node behind a long pause), every node must start
+    // with no wait from anyone: the frontend here only watches a counter.
+    // A worker left coalescing for good would never run them; the
+    // deadline (not a timing assertion: minutes against microseconds)
+    // turns that into a failure instead of a hang.
+    for (const auto& cfg : test::all_configs()) {
+      if (cfg.policy != Policy::kEager || cfg.threads == 0) continue;
+      CAPTURE(cfg.str());
+      EngineOptions o = cfg.options();
+      o.max_pending = 0;  // no window: the frontend never helps
+      Engine eng(o);
+      constexpr int kBurst = 3000;
+      std::vector<Var> vars;
+      for (int i = 0; i < kBurst; ++i) vars.push_back(eng.new_var());
+      std::atomic<int> ran{0};
+      auto until = [&](int n) {
+        test::spin_until([&] { return ran.load(std::memory_order_acquire) >= n; }, 60.0);
+        return ran.load(std::memory_order_acquire);
+      };
+      int expected = 0;
+      for (int ending = 0; ending < 3; ++ending) {
+        CAPTURE(ending);
+        for (int i = 0; i < kBurst; ++i) {
+          eng.push([&ran](const RunContext&) { ran.fetch_add(1, std::memory_order_release); }, {}, {vars[i]});
+        }
+        expected += kBurst;
+        if (ending == 1) {
+          // reads every var the burst wrote: not ready while any is queued
+          eng.push([&ran](const RunContext&) { ran.fetch_add(1, std::memory_order_release); }, vars, {});
+          ++expected;
+        }
+        if (ending == 2) {
+          CHECK(until(expected) == expected);
+          eng.push([&ran](const RunContext&) { ran.fetch_add(1, std::memory_order_release); }, {}, {vars[0]});
+          ++expected;
+        }
+        CHECK(until(expected) == expected);
+      }
+      eng.waitall();
+      CHECK(eng.stats().nodes_run == static_cast<std::uint64_t>(expected));
+    }
+  }
 }

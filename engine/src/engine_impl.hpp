@@ -137,7 +137,7 @@ class EngineImpl {
   Node* claim_now(Node* n);
   bool hand_to_waiter(Node* n);
   void note_pushed_last(bool pushed) noexcept;
-  void note_streak(bool ready) noexcept;
+  void note_streak(bool ready, bool end) noexcept;
   void make_ready_many(Node* const* nodes, std::size_t k);
   void run_inline(Node* n);
   bool claim(Node* n);

@@ -136,16 +136,17 @@ void EngineImpl::note_pushed_last(bool pushed) noexcept {
   if (!pushed && streaming_.load(std::memory_order_relaxed)) streaming_.store(false, std::memory_order_relaxed);
 }
 
-// The frontend's streak of pushes ready when recorded (kStreak). Relaxed:
-// a hint, whose races only start or end a coalescing early.
-void EngineImpl::note_streak(bool ready) noexcept {
+// The frontend's streak of pushes ready when recorded (kStreak): `ready`
+// extends it, `end` ends it, neither leaves it. Relaxed: a hint, whose
+// races only start or end a coalescing early.
+void EngineImpl::note_streak(bool ready, bool end) noexcept {
   const std::uint32_t streak = streak_.load(std::memory_order_relaxed);
   if (ready) {
     if (streak < kStreak) {
       streak_.store(streak + 1, std::memory_order_relaxed);
       if (streak + 1 == kStreak) streaming_.store(true, std::memory_order_relaxed);
     }
-  } else if (streak != 0) {
+  } else if (end && streak != 0) {
     streak_.store(0, std::memory_order_relaxed);
     if (streaming_.load(std::memory_order_relaxed)) streaming_.store(false, std::memory_order_relaxed);
   }
@@ -484,7 +485,7 @@ Node* EngineImpl::complete(Node* n, Bypass bypass) {
 void EngineImpl::await_recording() const noexcept {
   using Clock = std::chrono::steady_clock;
   std::size_t seen = queue_.size();
-  if (seen == 0 || seen >= kCoalesce) return;
+  if (seen == 0 || seen >= kCoalesce || queue_.has_urgent()) return;
   Clock::time_point now = Clock::now();
   const Clock::time_point limit = now + kGraceMax;
   Clock::time_point quiet_until = now + kQuiet;
@@ -500,8 +501,9 @@ void EngineImpl::await_recording() const noexcept {
       now = Clock::now();
     } while (now < look);
     const std::size_t size = queue_.size();
-    // Taken meanwhile (a wait ran some), or enough for a batch: start.
-    if (size < seen || size >= kCoalesce) return;
+    // Taken meanwhile (a wait ran some), enough for a batch, or a node of
+    // positive priority waiting: start.
+    if (size < seen || size >= kCoalesce || queue_.has_urgent()) return;
     if (size > seen) {
       seen = size;
       quiet_until = now + kQuiet;

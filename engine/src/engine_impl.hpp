@@ -137,7 +137,8 @@ class EngineImpl {
   Node* claim_now(Node* n);
   bool hand_to_waiter(Node* n);
   void note_pushed_last(bool pushed) noexcept;
-  void note_streak(bool ready, bool end) noexcept;
+  void extend_streak() noexcept;
+  void end_streak() noexcept;
   void make_ready_many(Node* const* nodes, std::size_t k);
   void run_inline(Node* n);
   bool claim(Node* n);
@@ -214,13 +215,13 @@ class EngineImpl {
 
   // Scheduling.
   ReadyQueue<Node> queue_;  // one ref per entry
-  // Whether the newest node queued was made ready by a push (its frontend
-  // may run it itself in a wait next: the workers' grace period) rather
-  // than by a completion. A hint: races only shorten or skip a grace.
-  // Whether a frontend is streaming ready nodes (schedule.cpp, kStreak):
-  // idle workers let the queue fill. Both flags are read by idle workers
-  // and written only when they change, on a line of their own; the streak
-  // counter, written by the frontend on every push, on another.
+  // pushed_last_: whether the newest node queued was made ready by a push
+  // (its frontend may run it itself in a wait next: the workers' grace
+  // period) rather than by a completion. streaming_: whether a frontend is
+  // streaming ready nodes (schedule.cpp, kStreak), so idle workers let the
+  // queue fill. Hints: races only shorten or skip a grace. Both are read
+  // by idle workers and written only when they change, on a line of their
+  // own; the streak counter, written by the frontend, on another.
   alignas(64) std::atomic<bool> pushed_last_{false};
   std::atomic<bool> streaming_{false};
   alignas(64) std::atomic<std::uint32_t> streak_{0};

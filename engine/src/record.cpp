@@ -323,15 +323,21 @@ void EngineImpl::push(Function fn, std::span<const Var> reads, std::span<const V
       run_inline(n);
     } else {
       make_ready(n, !in_op);
-      // Counted only behind another queued node (a chain's nodes, ready
-      // because a worker ran the one before, find the queue empty), and
-      // only for CPU nodes: a stream device's are launched at once.
-      if (!in_op) note_streak(sdev == nullptr && queue_.size() >= 2, sdev != nullptr);
+      // A CPU node counts only behind another queued node (a chain's
+      // nodes, ready because a worker ran the one before, find the queue
+      // empty); a stream device's are launched at once.
+      if (!in_op) {
+        if (sdev != nullptr) {
+          end_streak();
+        } else if (queue_.size() >= 2) {
+          extend_streak();
+        }
+      }
     }
   } else if (!in_op) {
     // A node that waits for others: the queued work may be what it waits
     // for, so the workers stop leaving it to the frontend.
-    note_streak(false, true);
+    end_streak();
   }
   if (run_now) {
     run_now_naive(n);

@@ -63,8 +63,10 @@ constexpr std::size_t kRunnerBatch = 32;
 // itself, with no hand-over between cores; one that records on lets the
 // queue grow, and the worker starts at once.
 constexpr std::chrono::nanoseconds kGrace{1500};
-// Eager, while a frontend streams ready nodes (kStreak pushes in a row
-// ready when recorded, none made ready by a completion since): a worker
+// Eager, while a frontend streams ready nodes (kStreak pushes of CPU nodes
+// ready when recorded behind another queued node, none of the streak's
+// ends since: a push not ready, a ready stream-device node, a node made
+// ready by a completion): a worker
 // leaves the queue to fill until the frontend stops (no growth for kQuiet),
 // or kCoalesce entries wait, or kGraceMax passes; then it takes a batch.
 // A worker taking each node as it was pushed made every push a transfer
@@ -136,20 +138,19 @@ void EngineImpl::note_pushed_last(bool pushed) noexcept {
   if (!pushed && streaming_.load(std::memory_order_relaxed)) streaming_.store(false, std::memory_order_relaxed);
 }
 
-// The frontend's streak of pushes ready when recorded (kStreak): `ready`
-// extends it, `end` ends it, neither leaves it. Relaxed: a hint, whose
-// races only start or end a coalescing early.
-void EngineImpl::note_streak(bool ready, bool end) noexcept {
+// The frontend's streak of pushes ready when recorded (kStreak). Relaxed:
+// a hint, whose races only start or end a coalescing early.
+void EngineImpl::extend_streak() noexcept {
   const std::uint32_t streak = streak_.load(std::memory_order_relaxed);
-  if (ready) {
-    if (streak < kStreak) {
-      streak_.store(streak + 1, std::memory_order_relaxed);
-      if (streak + 1 == kStreak) streaming_.store(true, std::memory_order_relaxed);
-    }
-  } else if (end && streak != 0) {
-    streak_.store(0, std::memory_order_relaxed);
-    if (streaming_.load(std::memory_order_relaxed)) streaming_.store(false, std::memory_order_relaxed);
-  }
+  if (streak >= kStreak) return;
+  streak_.store(streak + 1, std::memory_order_relaxed);
+  if (streak + 1 == kStreak) streaming_.store(true, std::memory_order_relaxed);
+}
+
+void EngineImpl::end_streak() noexcept {
+  if (streak_.load(std::memory_order_relaxed) == 0) return;
+  streak_.store(0, std::memory_order_relaxed);
+  if (streaming_.load(std::memory_order_relaxed)) streaming_.store(false, std::memory_order_relaxed);
 }
 
 // After kReady is stored: a node tagged by a node wait goes into that

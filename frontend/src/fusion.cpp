@@ -272,15 +272,13 @@ void name_of(const Group& g, const Selection& s, std::string& out) {
   out += ']';
 }
 
-// Records the steps of `keep`'s results (and those they read) of `g` as
-// one node writing those results.
 // One op on the CPU, its result kept (most often one a wait needs at once,
 // recorded alone): the op's own kernel on views made when it runs, with
 // no program. Its closure fits the engine function's inline buffer. On a
 // waited one-element `x + 1` the program (its vectors, the interpreter's
 // set-up) was a quarter of the fused path's time.
 constexpr std::size_t kOneInputs = 3;
-void record_one(Group& g, const Selection& now, std::span<const engine::Var> reads) {
+void record_one(Group& g, const Selection& now, std::span<const engine::Var> reads, std::size_t read_bytes) {
   struct One {
     ops::FusedStep step;
     std::array<StatePtr, kOneInputs> in;
@@ -298,9 +296,7 @@ void record_one(Group& g, const Selection& now, std::span<const engine::Var> rea
   o.device = g.dev;
   o.name = g.name;
   // As record_selected's: the inputs, the result, a byte per element.
-  std::size_t touched = s.bytes + static_cast<std::size_t>(numel(g.domain));
-  for (std::size_t k = 0; k < now.num_ext; ++k) touched += one.in[k]->storage->bytes;
-  o.cost_bytes = std::max<std::size_t>(touched, 1);
+  o.cost_bytes = std::max<std::size_t>(read_bytes + s.bytes + static_cast<std::size_t>(numel(g.domain)), 1);
   static_assert(sizeof(One) <= engine::Function::kInlineBytes, "recording one op allocates nothing");
   nd::engine().push(
       [one = std::move(one)](const engine::RunContext& ctx) {
@@ -317,6 +313,8 @@ void record_one(Group& g, const Selection& now, std::span<const engine::Var> rea
       reads, writes, o);
 }
 
+// Records the steps of `keep`'s results (and those they read) of `g` as
+// one node writing those results.
 void record_selected(Group& g, std::uint64_t keep) {
   Selection now;
   select(g, closure(g, keep), now);
@@ -340,8 +338,10 @@ void record_selected(Group& g, std::uint64_t keep) {
     }
     read_of[k] = std::uint64_t{1} << r;
   }
+  std::size_t read_bytes = 0;  // each input's buffer once, for the cost hint
+  for (std::size_t r = 0; r < num_reads; ++r) read_bytes += seen[r]->bytes;
   if (num_steps == 1 && num_ext <= kOneInputs && !g.dev.is_stream_device()) {
-    record_one(g, now, std::span<const engine::Var>(reads.data(), num_reads));
+    record_one(g, now, std::span<const engine::Var>(reads.data(), num_reads), read_bytes);
     return;
   }
   // Which reads each step's result is computed from: a failed input then
@@ -390,9 +390,7 @@ void record_selected(Group& g, std::uint64_t keep) {
   if (g.dev.is_stream_device()) o.bytes = bytes;
   // The cost hint: the inputs and kept results, and a byte per element
   // and step for the work in cache.
-  std::size_t touched = bytes + num_steps * static_cast<std::size_t>(numel(g.domain));
-  for (std::size_t r = 0; r < num_reads; ++r) touched += seen[r]->bytes;
-  o.cost_bytes = std::max<std::size_t>(touched, 1);
+  o.cost_bytes = std::max<std::size_t>(read_bytes + bytes + num_steps * static_cast<std::size_t>(numel(g.domain)), 1);
   nd::engine().push(
       [p = std::move(p)](const engine::RunContext& ctx) {
         Program& q = *p;

@@ -318,37 +318,18 @@ void fused_flat(std::span<const FusedStep> steps, std::span<const TensorView> in
     }
     places[i][3] = place_of(static_cast<std::int32_t>(i));
   }
-  // A single dense input (the rest single elements or rows: a layer's
-  // x * w + b), read from memory once per tile: the next tile's lines are
-  // prefetched (into L2) while this one is worked on. On 16M float32
-  // relu((x - m) / s * g + b) with row operands this took 4.6 ms to 4.2
-  // (medians of 40, alternated); the hardware prefetcher alone left the
-  // first step of each tile waiting on memory (perf: 38% of binary_run's
-  // samples on its load). With more dense inputs the hardware keeps up by
-  // itself: prefetching them too was 5-15% slower on sigmoid(x * w + b)
-  // and on the chain with full-array operands.
-  const char* stream = nullptr;
-  std::int64_t stream_size = 0;
-  int num_streams = 0;
-  for (std::size_t k = 0; k < inputs.size(); ++k) {
-    if (periods[k] != n) continue;
-    ++num_streams;
-    stream_size = static_cast<std::int64_t>(size_of(inputs[k].dtype));
-    stream = static_cast<const char*>(inputs[k].data) + inputs[k].offset * stream_size;
-  }
-  if (num_streams != 1) stream = nullptr;
+  // No software prefetch of the next tile. With one dense input (a layer's
+  // x * w + b), prefetching its next tile's lines into L2 took 16M float32
+  // relu((x - m) / s * g + b) with row operands 4.3 ms where it takes
+  // 3.3-3.7 without, and sigmoid(x * w + b) 3.9-4.0 ms where it takes
+  // 3.2-3.5 (medians of 31, three runs each, alternated): the hardware
+  // prefetcher keeps up by itself, and the prefetches only stalled on it.
   auto run_tiles = [&](std::int64_t t0, std::int64_t t1) {
     Scratch scratch(static_cast<std::size_t>(num_slots * slot_stride));
     LocalArray<std::int64_t, kLocalInputs> phase(inputs.size());  // a row's element at the tile's start
     for (std::int64_t t = t0; t < t1; ++t) {
       const std::int64_t e0 = t * tile;
       const std::int64_t end = std::min(e0 + tile, n);
-      if (stream != nullptr && t + 1 < t1) {
-        const std::int64_t next_end = std::min(end + tile, n);
-        for (std::int64_t off = end * stream_size; off < next_end * stream_size; off += 64) {
-          __builtin_prefetch(stream + off, 0, 2);
-        }
-      }
       // Only rows take a division, one per tile.
       for (std::size_t k = 0; k < inputs.size(); ++k) {
         const std::int64_t p = periods[k];

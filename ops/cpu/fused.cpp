@@ -147,14 +147,20 @@ class Scratch {
 // kMinFlatTile) while the bytes a tile touches (its elements of the dense
 // inputs and kept results, and the scratch slots) exceed kFlatTileBytes,
 // half of this machine's 48 KiB L1, so that a step's operands are still in
-// L1 when the next step reads them. On 16M-element float32 programs
+// L1 when the next step reads them, or while the tile's elements of the
+// dense inputs exceed kFlatReadBytes. Each step reads its dense operand's
+// run of the tile from memory at once, and the hardware prefetcher has only
+// so many lines of each stream ready: on 16M-element float32 programs
 // (bench_ndarray's fused workloads) relu((x - m) / s * g + b) over full
-// arrays (32 bytes an element) ran 10-20% faster in tiles of 512 than of
-// 1024, and the same chain with row operands (16 bytes an element) 5-10%
-// slower in tiles of 512.
+// arrays (five dense inputs) ran 1.69-1.78 times faster than its unfused
+// ops in tiles of 128, 1.42-1.58 in tiles of 256 and 1.23-1.33 in tiles of
+// 512; sigmoid(x * w + b) over full arrays (three) was fastest in tiles of
+// 256, and with row operands (one dense input) both expressions were
+// fastest in tiles of 1024.
 constexpr std::int64_t kFlatTile = 1024;
-constexpr std::int64_t kMinFlatTile = 256;
+constexpr std::int64_t kMinFlatTile = 128;
 constexpr std::size_t kFlatTileBytes = 24 << 10;
+constexpr std::size_t kFlatReadBytes = 4 << 10;
 
 // The shortest segment the flat path cuts: below it, inputs broadcast along
 // short trailing dims go through the general path, which runs whole rows.
@@ -261,16 +267,21 @@ void fused_flat(std::span<const FusedStep> steps, std::span<const TensorView> in
   std::size_t slot_elem = 1;
   // Bytes a tile touches per element: dense inputs, kept results, slots.
   std::size_t per_elem = 0;
+  std::size_t read_per_elem = 0;  // of the dense inputs alone
   for (std::size_t k = 0; k < inputs.size(); ++k) {
-    if (periods[k] == n) per_elem += size_of(inputs[k].dtype);
+    if (periods[k] == n) read_per_elem += size_of(inputs[k].dtype);
   }
+  per_elem += read_per_elem;
   for (std::size_t i = 0; i < ns; ++i) {
     if (slot[i] >= 0) slot_elem = std::max(slot_elem, size_of(steps[i].dtype));
     if (outputs[i].data != nullptr) per_elem += size_of(steps[i].dtype);
   }
   per_elem += static_cast<std::size_t>(num_slots) * slot_elem;
   std::int64_t tile = kFlatTile;
-  while (tile > kMinFlatTile && static_cast<std::size_t>(tile) * per_elem > kFlatTileBytes) tile /= 2;
+  while (tile > kMinFlatTile && (static_cast<std::size_t>(tile) * per_elem > kFlatTileBytes ||
+                                 static_cast<std::size_t>(tile) * read_per_elem > kFlatReadBytes)) {
+    tile /= 2;
+  }
   // A tile holds whole segments when segments are shorter than a tile.
   if (segment < tile) tile = tile / segment * segment;
   // Slots a whole number of cache lines apart, in doubles (the scratch's unit).

@@ -384,10 +384,18 @@ int main(int argc, char** argv) {
         };
         for (const Expr& e : exprs) {
           const std::string name = std::string(e.name) + form.suffix;
-          nd::set_fusion(false);
-          const double off = median_seconds([&] { e.fn().wait_to_read(); });
-          nd::set_fusion(true);
-          const double on = median_seconds([&] { e.fn().wait_to_read(); });
+          // Off and on alternated, so that the ratio holds on a machine
+          // whose speed drifts.
+          const auto [off, on] = bench::interleaved_median_seconds(
+              [&] {
+                nd::set_fusion(false);
+                e.fn().wait_to_read();
+              },
+              [&] {
+                nd::set_fusion(true);
+                e.fn().wait_to_read();
+              },
+              15);
           nd::set_fusion(fusion);
           const char* w_name = name.c_str();
           const double fused_passes = rows ? e.fused_rows : e.fused_arrays;

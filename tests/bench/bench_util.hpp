@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <functional>
+#include <utility>
 #include <vector>
 
 namespace lazydag::bench {
@@ -41,6 +42,29 @@ inline double median_seconds(const std::function<void()>& fn, int fallback_repea
         return since(t0);
       },
       fallback_repeats);
+}
+
+/// Medians of the wall times of a() and b(), run alternately (a, b, a, b,
+/// ...) after one warm-up of each: a drift of the machine's speed during
+/// the runs moves both figures alike, so their ratio holds.
+inline std::pair<double, double> interleaved_median_seconds(const std::function<void()>& a,
+                                                            const std::function<void()>& b,
+                                                            int fallback_repeats = 7) {
+  a();
+  b();
+  std::vector<double> ta;
+  std::vector<double> tb;
+  for (int i = 0; i < repeats(fallback_repeats); ++i) {
+    auto t0 = Clock::now();
+    a();
+    ta.push_back(since(t0));
+    t0 = Clock::now();
+    b();
+    tb.push_back(since(t0));
+  }
+  std::sort(ta.begin(), ta.end());
+  std::sort(tb.begin(), tb.end());
+  return {ta[ta.size() / 2], tb[tb.size() / 2]};
 }
 
 }  // namespace lazydag::bench

@@ -66,8 +66,9 @@ std::vector<std::vector<unsigned char>> run_program(std::uint32_t seed) {
   std::mt19937 rng(seed);
   auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<unsigned>(n)); };
   // {150, 384} and {20, 3, 300}: rows long enough for the flat path's
-  // segments (a tile of 768 or 900 elements, cut at each row's end);
-  // {13, 2500}: rows longer than a tile, so tiles start inside a row.
+  // segments (a tile of whole rows when rows are shorter than a tile, else
+  // a tile cut at each row's end); {13, 2500}: rows longer than a tile, so
+  // tiles start inside a row.
   const std::vector<Shape> domains = {{7},  {300, 200}, {3, 5, 4},  {70000},     {},
                                       {2, 0, 3}, {150, 384}, {20, 3, 300}, {13, 2500}};
   const Shape domain = domains[static_cast<std::size_t>(pick(static_cast<int>(domains.size())))];

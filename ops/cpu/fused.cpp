@@ -329,12 +329,11 @@ void fused_flat(std::span<const FusedStep> steps, std::span<const TensorView> in
     }
     places[i][3] = place_of(static_cast<std::int32_t>(i));
   }
-  // No software prefetch of the next tile. With one dense input (a layer's
-  // x * w + b), prefetching its next tile's lines into L2 took 16M float32
-  // relu((x - m) / s * g + b) with row operands 4.3 ms where it takes
-  // 3.3-3.7 without, and sigmoid(x * w + b) 3.9-4.0 ms where it takes
-  // 3.2-3.5 (medians of 31, three runs each, alternated): the hardware
-  // prefetcher keeps up by itself, and the prefetches only stalled on it.
+  // No software prefetch of the next tile: prefetching a single dense
+  // input's next tile into L2 (a layer's x * w + b) gained nothing in
+  // bench_ndarray's fused row workloads, and perf put 6% of the fused
+  // sigmoid's samples on the stalled prefetches (docs/benchmarks.md,
+  // "Fusion"). The hardware prefetcher keeps up by itself.
   auto run_tiles = [&](std::int64_t t0, std::int64_t t1) {
     Scratch scratch(static_cast<std::size_t>(num_slots * slot_stride));
     LocalArray<std::int64_t, kLocalInputs> phase(inputs.size());  // a row's element at the tile's start

@@ -35,17 +35,29 @@ StreamDevice& DeviceTable::get(Device d) {
   return *p;
 }
 
-int DeviceTable::choose_stream(const Node* n, StreamKind kind) {
+DeviceTable::StreamUse DeviceTable::last_use(const StreamDevice* d, std::span<VarState* const> writes) {
+  StreamUse use;
+  auto consider = [&](const Node* p) {
+    if (p != nullptr && p->sdev == d && p->stream < d->num_compute_streams() && p->seq > use.seq) {
+      use = StreamUse{p->stream, p->seq};
+    }
+  };
+  for (VarState* s : writes) {
+    consider(s->last_writer);
+    for (const Node* r : s->readers) consider(r);
+  }
+  return use;
+}
+
+int DeviceTable::choose_stream(const Node* n, StreamKind kind, StreamUse written) {
   StreamDevice* d = n->sdev;
   if (kind == StreamKind::kCopyIn) return d->copy_in_stream();
   if (kind == StreamKind::kCopyOut) return d->copy_out_stream();
-  const Node* best = nullptr;
+  StreamUse best = written;
   for (const Node* p : n->preds) {
-    if (p->sdev == d && p->stream < d->num_compute_streams() && (best == nullptr || p->seq > best->seq)) {
-      best = p;
-    }
+    if (p->sdev == d && p->stream < d->num_compute_streams() && p->seq > best.seq) best = StreamUse{p->stream, p->seq};
   }
-  if (best != nullptr) return best->stream;
+  if (best.seq != 0) return best.stream;
   Slot& slot = slot_of(d->device());
   return static_cast<int>(slot.next_stream++ % static_cast<std::uint32_t>(d->num_compute_streams()));
 }

@@ -17,6 +17,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <span>
 
 #include "node.hpp"
 #include "small_vector.hpp"
@@ -41,11 +42,24 @@ class DeviceTable {
   /// not there.
   StreamDevice& get(Device d);
 
-  /// The stream n runs on: a copy stream for copies; else the stream of its
-  /// newest producer on the same device (stream order then carries the
-  /// dependency, with no event); else the compute streams round-robin.
-  /// Recorder lock held (n's predecessors are set, the counter is its).
-  int choose_stream(const Node* n, StreamKind kind);
+  /// The last access, on a compute stream of a node's device, to a var the
+  /// node writes: its stream and record order (seq 0: none).
+  struct StreamUse {
+    int stream = 0;
+    std::uint64_t seq = 0;
+  };
+  /// The newest such access among the last writers and readers of `writes`,
+  /// finished or not. Recorder lock held, before n is linked.
+  static StreamUse last_use(const StreamDevice* d, std::span<VarState* const> writes);
+
+  /// The stream n runs on: a copy stream for copies; else the stream of the
+  /// newest of its unfinished producers on the same device (stream order
+  /// then carries the dependency, with no event) and `written` (the last
+  /// access to what it overwrites: a buffer's free or an in-place update
+  /// goes where its data was last used, not to another stream that would
+  /// wake for it); else the compute streams round-robin. Recorder lock held
+  /// (n's predecessors are set, the counter is its).
+  int choose_stream(const Node* n, StreamKind kind, StreamUse written);
 
   /// A claimed node takes a place in its device's run-ahead bound (true),
   /// or is held (kDeferred, one more ref) until leave() frees one (false).

@@ -73,6 +73,41 @@ TEST_SUITE("engine") {
     CHECK(stream_of[3] == dev.copy_in_stream());
   }
 
+  // A node that overwrites data whose last users have finished (a buffer's
+  // free, an in-place update after a wait) goes to the stream where the
+  // data was last used, not round-robin to a stream that would wake for
+  // it; readers of finished data still spread.
+  TEST_CASE("Streams.AnOverwriteFollowsTheDataEvenWhenItsUsersAreDone" * doctest::timeout(60)) {
+    for (const Policy p : {Policy::kEager, Policy::kLazy}) {
+      CAPTURE(static_cast<int>(p));
+      Engine eng(threaded(p));
+      Var a = eng.new_var();
+      Var r0 = eng.new_var();
+      Var r1 = eng.new_var();
+      std::vector<int> stream_of(6, -1);
+      auto note = [&](int i) {
+        return [&stream_of, i](const RunContext& ctx) { stream_of[static_cast<std::size_t>(i)] = ctx.stream_index; };
+      };
+      eng.push(note(0), {}, {a}, on(kSim0));
+      eng.wait_to_read(a);
+      eng.push(note(1), {}, {a}, on(kSim0));  // write after a finished write
+      eng.wait_to_read(a);
+      eng.push(note(2), {a}, {r0}, on(kSim0));  // two readers of finished data
+      eng.push(note(3), {a}, {r1}, on(kSim0));
+      eng.waitall();
+      eng.push(note(4), {}, {a}, on(kSim0));  // write after finished reads
+      eng.waitall();
+      eng.push(note(5), {}, {a}, on(kSim0, StreamKind::kCopyIn));  // a copy keeps its stream
+      eng.waitall();
+      const StreamDevice& dev = eng.stream_device(kSim0);
+      REQUIRE(dev.num_compute_streams() >= 2);
+      CHECK(stream_of[1] == stream_of[0]);
+      CHECK(stream_of[2] != stream_of[3]);
+      CHECK(stream_of[4] == stream_of[3]);  // the newest of the finished readers
+      CHECK(stream_of[5] == dev.copy_in_stream());
+    }
+  }
+
   TEST_CASE("Streams.ConsumerIsLaunchedBeforeItsProducerCompletes" * doctest::timeout(60)) {
     // The producer parks on sim(0); its consumers on sim(0) and sim(1) are
     // launched (enqueued behind an event wait) without waiting on the host,

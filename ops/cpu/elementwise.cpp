@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <optional>
 #include <stdexcept>
 #include <type_traits>
@@ -614,6 +615,157 @@ LAZYDAG_RUN_CLONES void cast_run(DType from, DType to, const void* x, std::int64
     });
   });
 }
+
+bool chainable(ChainOp::Kind kind, std::uint8_t op, DType t) noexcept {
+  if (t != DType::kFloat32 && t != DType::kFloat64) return false;
+  if (kind == ChainOp::Kind::kUnary) {
+    const auto u = static_cast<UnaryOp>(op);
+    return u == UnaryOp::kNeg || u == UnaryOp::kAbs || u == UnaryOp::kRelu;
+  }
+  switch (static_cast<BinaryOp>(op)) {
+    case BinaryOp::kAdd:
+    case BinaryOp::kSub:
+    case BinaryOp::kMul:
+    case BinaryOp::kDiv:
+    case BinaryOp::kMax:
+    case BinaryOp::kMin: return true;
+    default: return false;
+  }
+}
+
+namespace {
+
+// 32-byte vectors in the baseline clone too (GCC splits them in two there).
+using ChainF32 = float __attribute__((vector_size(32)));
+using ChainF64 = double __attribute__((vector_size(32)));
+
+}  // namespace
+
+// Blocks of four 32-byte vectors: the running value stays in registers
+// across the ops (the op is chosen once per block, not per element), so a
+// chain of k ops stores its result once instead of k times. Four named
+// vectors, each op spelled out for each (LAZYDAG_CHAIN4), no vector passed
+// to a function: an array of vectors, or a reference chosen at run time,
+// put the value on the stack, and a vector passed by value has another ABI
+// without AVX than with it.
+#define LAZYDAG_CHAIN4(expr) \
+  do {                       \
+    {                        \
+      V& a = a0;             \
+      [[maybe_unused]] const V& b = b0; \
+      expr;                  \
+    }                        \
+    {                        \
+      V& a = a1;             \
+      [[maybe_unused]] const V& b = b1; \
+      expr;                  \
+    }                        \
+    {                        \
+      V& a = a2;             \
+      [[maybe_unused]] const V& b = b2; \
+      expr;                  \
+    }                        \
+    {                        \
+      V& a = a3;             \
+      [[maybe_unused]] const V& b = b3; \
+      expr;                  \
+    }                        \
+  } while (false)
+LAZYDAG_RUN_CLONES void chain_run(DType t, const ChainOp* ops, int k, const void* x, std::int64_t sx, void* y,
+                                  std::int64_t n) {
+  dispatch(t, [&]<class T>() {
+    if constexpr (std::is_floating_point_v<T>) {
+      using V = std::conditional_t<std::is_same_v<T, float>, ChainF32, ChainF64>;
+      constexpr std::int64_t kLanes = 32 / sizeof(T);
+      constexpr std::int64_t kBlock = 4 * kLanes;
+      const T* xs = static_cast<const T*>(x);
+      T* ys = static_cast<T*>(y);
+      const V zero{};
+      std::int64_t i = 0;
+      for (; i + kBlock <= n; i += kBlock) {
+        V a0, a1, a2, a3;
+        V b0{}, b1{}, b2{}, b3{};
+        if (sx != 0) {
+          std::memcpy(&a0, xs + i, sizeof(V));
+          std::memcpy(&a1, xs + i + kLanes, sizeof(V));
+          std::memcpy(&a2, xs + i + 2 * kLanes, sizeof(V));
+          std::memcpy(&a3, xs + i + 3 * kLanes, sizeof(V));
+        } else {
+          a0 = a1 = a2 = a3 = zero + xs[0];
+        }
+        for (int j = 0; j < k; ++j) {
+          const ChainOp& o = ops[j];
+          if (o.kind == ChainOp::Kind::kUnary) {
+            switch (static_cast<UnaryOp>(o.op)) {
+              case UnaryOp::kNeg: LAZYDAG_CHAIN4(a = -a); break;
+              case UnaryOp::kAbs: LAZYDAG_CHAIN4(a = a < zero ? -a : a); break;
+              case UnaryOp::kRelu: LAZYDAG_CHAIN4(a = a > zero ? a : zero); break;
+              default: break;  // not chainable
+            }
+            continue;
+          }
+          if (o.kind == ChainOp::Kind::kScalar) {
+            b0 = b1 = b2 = b3 = zero + from_double<T>(o.scalar);
+          } else if (o.step != 0) {
+            const T* bs = static_cast<const T*>(o.operand) + i;
+            std::memcpy(&b0, bs, sizeof(V));
+            std::memcpy(&b1, bs + kLanes, sizeof(V));
+            std::memcpy(&b2, bs + 2 * kLanes, sizeof(V));
+            std::memcpy(&b3, bs + 3 * kLanes, sizeof(V));
+          } else {
+            b0 = b1 = b2 = b3 = zero + static_cast<const T*>(o.operand)[0];
+          }
+          // As apply_binary(op, l, r), with (l, r) = (b, a) when the
+          // operand comes first, else (a, b).
+          const bool f = o.operand_first;
+          switch (static_cast<BinaryOp>(o.op)) {
+            case BinaryOp::kAdd:
+              if (f) LAZYDAG_CHAIN4(a = b + a); else LAZYDAG_CHAIN4(a = a + b);
+              break;
+            case BinaryOp::kSub:
+              if (f) LAZYDAG_CHAIN4(a = b - a); else LAZYDAG_CHAIN4(a = a - b);
+              break;
+            case BinaryOp::kMul:
+              if (f) LAZYDAG_CHAIN4(a = b * a); else LAZYDAG_CHAIN4(a = a * b);
+              break;
+            case BinaryOp::kDiv:
+              if (f) LAZYDAG_CHAIN4(a = b / a); else LAZYDAG_CHAIN4(a = a / b);
+              break;
+            case BinaryOp::kMax:  // l < r ? r : l
+              if (f) LAZYDAG_CHAIN4(a = b < a ? a : b); else LAZYDAG_CHAIN4(a = a < b ? b : a);
+              break;
+            case BinaryOp::kMin:  // r < l ? r : l
+              if (f) LAZYDAG_CHAIN4(a = a < b ? a : b); else LAZYDAG_CHAIN4(a = b < a ? b : a);
+              break;
+            default: break;  // not chainable
+          }
+        }
+        std::memcpy(ys + i, &a0, sizeof(V));
+        std::memcpy(ys + i + kLanes, &a1, sizeof(V));
+        std::memcpy(ys + i + 2 * kLanes, &a2, sizeof(V));
+        std::memcpy(ys + i + 3 * kLanes, &a3, sizeof(V));
+      }
+      for (; i < n; ++i) {
+        T v = xs[sx * i];
+        for (int j = 0; j < k; ++j) {
+          const ChainOp& o = ops[j];
+          if (o.kind == ChainOp::Kind::kUnary) {
+            v = apply_unary<T>(static_cast<UnaryOp>(o.op), v);
+            continue;
+          }
+          const T b = o.kind == ChainOp::Kind::kScalar ? from_double<T>(o.scalar)
+                                                       : static_cast<const T*>(o.operand)[o.step * i];
+          const auto op = static_cast<BinaryOp>(o.op);
+          v = o.operand_first ? apply_binary<T>(op, b, v) : apply_binary<T>(op, v, b);
+        }
+        ys[i] = v;
+      }
+    } else {
+      throw std::logic_error("chain_run: not a floating dtype");  // chainable() refuses it
+    }
+  });
+}
+#undef LAZYDAG_CHAIN4
 
 }  // namespace detail
 

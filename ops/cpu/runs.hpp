@@ -27,4 +27,27 @@ void where_run(DType t, const void* c, std::int64_t sc, const void* x, std::int6
                std::int64_t sz, void* y, std::int64_t n);
 void cast_run(DType from, DType to, const void* x, std::int64_t sx, void* y, std::int64_t n);
 
+/// One op of a chain_run, applied to the chain's running value v: a binary
+/// op with an array operand (`operand`, step 0 or 1), a binary op with a
+/// scalar, or a unary op; `operand_first`: op(operand, v), as a scalar op
+/// with the scalar first computes.
+struct ChainOp {
+  enum class Kind : std::uint8_t { kArray, kScalar, kUnary };
+  Kind kind = Kind::kUnary;
+  std::uint8_t op = 0;  // BinaryOp, or UnaryOp for kUnary
+  bool operand_first = false;
+  const void* operand = nullptr;
+  std::int64_t step = 0;
+  double scalar = 0;
+};
+/// Whether chain_run computes op `op` of `kind` on dtype t: add, sub, mul,
+/// div, max and min (array or scalar operand), neg, abs and relu, on
+/// float32 and float64.
+bool chainable(ChainOp::Kind kind, std::uint8_t op, DType t) noexcept;
+/// y = ops[k-1](...ops[0](x)) over n elements, the running value kept in
+/// vector registers from the first op to the last: each op computes every
+/// element as the unfused op's kernel does (the same IEEE operation, the
+/// same rounding), so the result is that of the ops run one by one.
+void chain_run(DType t, const ChainOp* ops, int k, const void* x, std::int64_t sx, void* y, std::int64_t n);
+
 }  // namespace lazydag::ops::cpu::detail

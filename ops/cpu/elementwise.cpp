@@ -648,28 +648,16 @@ using ChainF64 = double __attribute__((vector_size(32)));
 // to a function: an array of vectors, or a reference chosen at run time,
 // put the value on the stack, and a vector passed by value has another ABI
 // without AVX than with it.
-#define LAZYDAG_CHAIN4(expr) \
-  do {                       \
-    {                        \
-      V& a = a0;             \
-      [[maybe_unused]] const V& b = b0; \
-      expr;                  \
-    }                        \
-    {                        \
-      V& a = a1;             \
-      [[maybe_unused]] const V& b = b1; \
-      expr;                  \
-    }                        \
-    {                        \
-      V& a = a2;             \
-      [[maybe_unused]] const V& b = b2; \
-      expr;                  \
-    }                        \
-    {                        \
-      V& a = a3;             \
-      [[maybe_unused]] const V& b = b3; \
-      expr;                  \
-    }                        \
+#define LAZYDAG_CHAIN1(A, B, expr) \
+  {                                \
+    V& a = A;                      \
+    [[maybe_unused]] const V& b = B; \
+    expr;                          \
+  }
+#define LAZYDAG_CHAIN4(expr)                                                                          \
+  do {                                                                                                \
+    LAZYDAG_CHAIN1(a0, b0, expr) LAZYDAG_CHAIN1(a1, b1, expr) LAZYDAG_CHAIN1(a2, b2, expr)            \
+        LAZYDAG_CHAIN1(a3, b3, expr)                                                                  \
   } while (false)
 LAZYDAG_RUN_CLONES void chain_run(DType t, const ChainOp* ops, int k, const void* x, std::int64_t sx, void* y,
                                   std::int64_t n) {
@@ -766,6 +754,7 @@ LAZYDAG_RUN_CLONES void chain_run(DType t, const ChainOp* ops, int k, const void
   });
 }
 #undef LAZYDAG_CHAIN4
+#undef LAZYDAG_CHAIN1
 
 }  // namespace detail
 

@@ -669,6 +669,11 @@ LAZYDAG_RUN_CLONES void chain_run(DType t, const ChainOp* ops, int k, const void
       const T* xs = static_cast<const T*>(x);
       T* ys = static_cast<T*>(y);
       const V zero{};
+      // Every lane set to s: not zero + s, which makes -0.0 +0.0 and
+      // quiets a signalling NaN.
+      auto fill = [](V& v, T s) {
+        for (std::int64_t l = 0; l < kLanes; ++l) v[l] = s;
+      };
       std::int64_t i = 0;
       for (; i + kBlock <= n; i += kBlock) {
         V a0, a1, a2, a3;
@@ -679,7 +684,8 @@ LAZYDAG_RUN_CLONES void chain_run(DType t, const ChainOp* ops, int k, const void
           std::memcpy(&a2, xs + i + 2 * kLanes, sizeof(V));
           std::memcpy(&a3, xs + i + 3 * kLanes, sizeof(V));
         } else {
-          a0 = a1 = a2 = a3 = zero + xs[0];
+          fill(a0, xs[0]);
+          a1 = a2 = a3 = a0;
         }
         for (int j = 0; j < k; ++j) {
           const ChainOp& o = ops[j];
@@ -693,7 +699,8 @@ LAZYDAG_RUN_CLONES void chain_run(DType t, const ChainOp* ops, int k, const void
             continue;
           }
           if (o.kind == ChainOp::Kind::kScalar) {
-            b0 = b1 = b2 = b3 = zero + from_double<T>(o.scalar);
+            fill(b0, from_double<T>(o.scalar));
+            b1 = b2 = b3 = b0;
           } else if (o.step != 0) {
             const T* bs = static_cast<const T*>(o.operand) + i;
             std::memcpy(&b0, bs, sizeof(V));
@@ -701,7 +708,8 @@ LAZYDAG_RUN_CLONES void chain_run(DType t, const ChainOp* ops, int k, const void
             std::memcpy(&b2, bs + 2 * kLanes, sizeof(V));
             std::memcpy(&b3, bs + 3 * kLanes, sizeof(V));
           } else {
-            b0 = b1 = b2 = b3 = zero + static_cast<const T*>(o.operand)[0];
+            fill(b0, static_cast<const T*>(o.operand)[0]);
+            b1 = b2 = b3 = b0;
           }
           // As apply_binary(op, l, r), with (l, r) = (b, a) when the
           // operand comes first, else (a, b).

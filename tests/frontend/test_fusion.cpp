@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <future>
 #include <random>
@@ -140,6 +141,36 @@ TEST_CASE("fused and unfused random programs give the same bits") {
       CAPTURE(i);
       CHECK(fused[i] == unfused[i]);
     }
+  }
+}
+
+// A chain (ops/cpu/fused.cpp) broadcasts a scalar or a one-element operand
+// to vectors: a -0.0 keeps its sign there, as in the separate kernels.
+TEST_CASE("a chain keeps the sign of a broadcast negative zero") {
+  const NDArray x = random_array({64, 256}, DType::kFloat32, 901);
+  const NDArray row = random_array({256}, DType::kFloat32, 902);
+  const NDArray nzero = nd::zeros({1}) * -1.0;
+  nd::waitall();
+  const std::function<NDArray()> exprs[] = {
+      [&] { return (x + row) / -0.0; },
+      [&] { return (x + row) * -0.0; },
+      [&] { return -0.0 - (x * row); },
+      [&] { return (x + row) * nzero; },
+      [&] { return nd::relu(x - row) * nzero; },
+  };
+  for (std::size_t k = 0; k < std::size(exprs); ++k) {
+    CAPTURE(k);
+    std::vector<unsigned char> fused;
+    std::vector<unsigned char> unfused;
+    {
+      FusionScope on(true);
+      fused = bytes_of(exprs[k]());
+    }
+    {
+      FusionScope off(false);
+      unfused = bytes_of(exprs[k]());
+    }
+    CHECK(fused == unfused);
   }
 }
 

@@ -287,8 +287,9 @@ void EngineImpl::push(Function fn, std::span<const Var> reads, std::span<const V
   // record guard in `pending`), so no locked add per ref.
   const std::span<VarState* const> written(ws.begin(), ws.size());
   // Read before link() drops the vars' finished accesses.
-  const DeviceTable::StreamUse last_use =
-      sdev != nullptr ? DeviceTable::last_use(sdev, written) : DeviceTable::StreamUse{};
+  const DeviceTable::StreamUse last_use = sdev != nullptr && options.stream == StreamKind::kCompute
+                                              ? DeviceTable::last_use(sdev, written)
+                                              : DeviceTable::StreamUse{};
   const std::uint32_t refs = link(n, std::span<VarState* const>(pure_reads.begin(), pure_reads.size()), written);
   n->refs.store(refs + 1, std::memory_order_relaxed);
   if (sdev != nullptr) n->stream = devices_.choose_stream(n, options.stream, last_use);

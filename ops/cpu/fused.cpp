@@ -148,15 +148,14 @@ class Scratch {
 // inputs and kept results, and the scratch slots) exceed kFlatTileBytes,
 // half of this machine's 48 KiB L1, so that a step's operands are still in
 // L1 when the next step reads them, or while the tile's elements of the
-// dense inputs exceed kFlatReadBytes. Each step reads its dense operand's
-// run of the tile from memory at once, and the hardware prefetcher has only
-// so many lines of each stream ready: on 16M-element float32 programs
-// (bench_ndarray's fused workloads) relu((x - m) / s * g + b) over full
-// arrays (five dense inputs) ran 1.69-1.78 times faster than its unfused
-// ops in tiles of 128, 1.42-1.58 in tiles of 256 and 1.23-1.33 in tiles of
-// 512; sigmoid(x * w + b) over full arrays (three) was fastest in tiles of
-// 256, and with row operands (one dense input) both expressions were
-// fastest in tiles of 1024.
+// dense inputs read by steps outside chains (below) exceed kFlatReadBytes.
+// Each such step reads its dense operand's run of the tile from memory at
+// once, and the hardware prefetcher has only so many lines of each stream
+// ready: a sweep of tile sizes on bench_ndarray's fused workloads found
+// relu((x - m) / s * g + b) over full arrays (five dense inputs) fastest
+// in tiles of 128, sigmoid(x * w + b) over full arrays (three) in tiles of
+// 256, and both with row operands (one) in tiles of 1024
+// (docs/benchmarks.md, "Fusion", has the A/B figures).
 constexpr std::int64_t kFlatTile = 1024;
 constexpr std::int64_t kMinFlatTile = 128;
 constexpr std::size_t kFlatTileBytes = 24 << 10;
@@ -269,19 +268,27 @@ void fused_flat(std::span<const FusedStep> steps, std::span<const TensorView> in
   // or a scalar, neg, abs, relu, on float32 or float64), runs as one
   // chain_run per segment: the value stays in vector registers from the
   // first op to the last instead of being stored to scratch and loaded
-  // back by every step. value_in[i]: which operand of step i carries the
-  // value (0, or 1 for a binary op whose first operand is the other).
+  // back by every step. chain_op[i]: step i as a chain op, all but its
+  // array operand (set per segment); operand_first for a binary op whose
+  // first operand is the other one.
   using detail::ChainOp;
-  auto chain_kind = [&](std::size_t i) {
+  LocalArray<ChainOp, kLocalSteps> chain_op(ns);
+  auto as_chain_op = [&](std::size_t i) {
     const FusedStep& s = steps[i];
-    ChainOp::Kind kind{};
+    ChainOp& o = chain_op[i];
+    o.operand_first = false;  // set below for a scalar first, by the caller for an array
     switch (s.kind) {
-      case FusedStep::Kind::kUnary: kind = ChainOp::Kind::kUnary; break;
-      case FusedStep::Kind::kBinary: kind = ChainOp::Kind::kArray; break;
-      case FusedStep::Kind::kScalar: kind = ChainOp::Kind::kScalar; break;
+      case FusedStep::Kind::kUnary: o.kind = ChainOp::Kind::kUnary; break;
+      case FusedStep::Kind::kBinary: o.kind = ChainOp::Kind::kArray; break;
+      case FusedStep::Kind::kScalar:
+        o.kind = ChainOp::Kind::kScalar;
+        o.scalar = s.scalar;
+        o.operand_first = s.scalar_first;
+        break;
       default: return false;
     }
-    if (!detail::chainable(kind, s.op, s.dtype)) return false;
+    o.op = s.op;
+    if (!detail::chainable(o.kind, s.op, s.dtype)) return false;
     for (int j = 0; j < s.num_in; ++j) {
       const std::int32_t r = s.in[static_cast<std::size_t>(j)];
       const DType t = r >= 0 ? steps[static_cast<std::size_t>(r)].dtype : inputs[static_cast<std::size_t>(-1 - r)].dtype;
@@ -292,16 +299,14 @@ void fused_flat(std::span<const FusedStep> steps, std::span<const TensorView> in
   // A chain's operands other than its value are rows, single elements,
   // scalars or values computed before it (in cache): a dense input read
   // block by block beside the value made the chain slower than steps over
-  // small tiles (relu((x - m) / s * g + b) over full 16M float32 arrays:
-  // 11.9-13.5 ms against 8.3-12.3), while with row operands the chain took
-  // it from 4.0-7.3 ms to 2.6-3.2.
+  // small tiles, while with row operands the chain runs as fast as a
+  // hand-written loop (docs/benchmarks.md, "Fusion").
   auto dense_input = [&](std::int32_t r) { return r < 0 && periods[static_cast<std::size_t>(-1 - r)] == n; };
   LocalArray<std::size_t, kLocalSteps> chain_end(ns, 0);  // a chain's first step: one past its last
-  LocalArray<int, kLocalSteps> value_in(ns, 0);
   for (std::size_t i = 0; i < ns;) {
     std::size_t j = i + 1;
-    if (chain_kind(i) && !(steps[i].num_in > 1 && dense_input(steps[i].in[1]))) {
-      for (; j < ns && chain_kind(j) && steps[j].dtype == steps[i].dtype; ++j) {
+    if (as_chain_op(i) && !(steps[i].num_in > 1 && dense_input(steps[i].in[1]))) {
+      for (; j < ns && steps[j].dtype == steps[i].dtype && as_chain_op(j); ++j) {
         const std::size_t p = j - 1;
         if (slot[p] < 0 || last_use[p] != j) break;
         const FusedStep& s = steps[j];
@@ -311,7 +316,7 @@ void fused_flat(std::span<const FusedStep> steps, std::span<const TensorView> in
         if (first == second) break;  // not an operand, or both (x * x)
         if (second && s.kind != FusedStep::Kind::kBinary) break;
         if (s.num_in > 1 && dense_input(s.in[second ? 0 : 1])) break;
-        value_in[j] = second ? 1 : 0;
+        if (s.kind == FusedStep::Kind::kBinary) chain_op[j].operand_first = second;
       }
     }
     chain_end[i] = j;
@@ -406,7 +411,9 @@ void fused_flat(std::span<const FusedStep> steps, std::span<const TensorView> in
   auto run_tiles = [&](std::int64_t t0, std::int64_t t1) {
     Scratch scratch(static_cast<std::size_t>(num_slots * slot_stride));
     LocalArray<std::int64_t, kLocalInputs> phase(inputs.size());  // a row's element at the tile's start
-    LocalArray<ChainOp, kLocalSteps> chain_ops(ns);  // a chain's ops for one segment
+    // The chain ops with this thread's array operands.
+    LocalArray<ChainOp, kLocalSteps> chain_ops(ns);
+    std::copy(chain_op.begin(), chain_op.end(), chain_ops.begin());
     for (std::int64_t t = t0; t < t1; ++t) {
       const std::int64_t e0 = t * tile;
       const std::int64_t end = std::min(e0 + tile, n);
@@ -437,26 +444,14 @@ void fused_flat(std::span<const FusedStep> steps, std::span<const TensorView> in
           for (std::int64_t e = e0, next = first_cut; e < end; e = next, next = std::min(end, next + segment)) {
             const auto x = at(places[i][0], e);
             for (std::size_t j = i; j < last; ++j) {
-              const FusedStep& s = steps[j];
-              ChainOp& o = chain_ops[j - i];
-              o.op = s.op;
-              o.operand_first = false;
-              if (s.kind == FusedStep::Kind::kUnary) {
-                o.kind = ChainOp::Kind::kUnary;
-              } else if (s.kind == FusedStep::Kind::kScalar) {
-                o.kind = ChainOp::Kind::kScalar;
-                o.scalar = s.scalar;
-                o.operand_first = s.scalar_first;
-              } else {
-                o.kind = ChainOp::Kind::kArray;
-                o.operand_first = value_in[j] == 1;
-                const auto b = at(places[j][o.operand_first ? 0 : 1], e);
-                o.operand = b.first;
-                o.step = b.second;
-              }
+              ChainOp& o = chain_ops[j];
+              if (o.kind != ChainOp::Kind::kArray) continue;
+              const auto b = at(places[j][o.operand_first ? 0 : 1], e);
+              o.operand = b.first;
+              o.step = b.second;
             }
             char* const y = const_cast<char*>(at(places[last - 1][3], e).first);
-            detail::chain_run(steps[i].dtype, chain_ops.begin(), static_cast<int>(last - i), x.first, x.second, y,
+            detail::chain_run(steps[i].dtype, chain_ops.begin() + i, static_cast<int>(last - i), x.first, x.second, y,
                               next - e);
           }
           i = last;

@@ -59,7 +59,8 @@ int DeviceTable::choose_stream(const Node* n, StreamKind kind, StreamUse written
   }
   if (best.seq != 0) return best.stream;
   Slot& slot = slot_of(d->device());
-  return static_cast<int>(slot.next_stream++ % static_cast<std::uint32_t>(d->num_compute_streams()));
+  return static_cast<int>(slot.next_stream.fetch_add(1, std::memory_order_relaxed) %
+                          static_cast<std::uint32_t>(d->num_compute_streams()));
 }
 
 bool DeviceTable::admit(Node* n) {

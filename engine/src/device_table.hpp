@@ -49,7 +49,7 @@ class DeviceTable {
     std::uint64_t seq = 0;
   };
   /// The newest such access among the last writers and readers of `writes`,
-  /// finished or not. Recorder lock held, before n is linked.
+  /// finished or not. The vars' locks held, before n is linked.
   static StreamUse last_use(const StreamDevice* d, std::span<VarState* const> writes);
 
   /// The stream n runs on: a copy stream for copies; else the stream of the
@@ -57,8 +57,8 @@ class DeviceTable {
   /// then carries the dependency, with no event) and `written` (the last
   /// access to what it overwrites: a buffer's free or an in-place update
   /// goes where its data was last used, not to another stream that would
-  /// wake for it); else the compute streams round-robin. Recorder lock held
-  /// (n's predecessors are set, the counter is its).
+  /// wake for it); else the compute streams round-robin. After n is linked
+  /// (its predecessors are set).
   int choose_stream(const Node* n, StreamKind kind, StreamUse written);
 
   /// A claimed node takes a place in its device's run-ahead bound (true),
@@ -80,7 +80,7 @@ class DeviceTable {
  private:
   struct Slot {
     std::unique_ptr<StreamDevice> device;
-    std::uint32_t next_stream = 0;  // recorder lock: round-robin for nodes without a producer
+    std::atomic<std::uint32_t> next_stream{0};  // round-robin for nodes without a producer
     std::mutex mu;                  // guards the run-ahead fields below
     std::size_t in_flight = 0;
     std::size_t in_flight_bytes = 0;

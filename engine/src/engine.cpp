@@ -181,10 +181,7 @@ void EngineImpl::run_everything(const char* when) noexcept {
 
 EngineImpl::~EngineImpl() {
   run_everything("engine destroyed");
-  {
-    RecLock lk(record_mu_);
-    vars_.sweep();  // every node is done: frees the deleted vars' slots and node refs
-  }
+  vars_.sweep();  // every node is done: frees the deleted vars' slots and node refs
   workers_.join();
   // Joins the emulated executors (a completion may still be finishing).
   devices_.close();

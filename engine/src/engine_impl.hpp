@@ -83,26 +83,12 @@ class EngineImpl {
   const std::uint64_t profile_id_;  // tells engines apart in a trace
 
  private:
-  using RecLock = std::unique_lock<GraphMutex>;
+  // Held under lazy and naive, not under eager (see request_mu_).
+  std::unique_lock<GraphMutex> request_lock() {
+    return options_.policy == Policy::kEager ? std::unique_lock<GraphMutex>(request_mu_, std::defer_lock)
+                                             : std::unique_lock<GraphMutex>(request_mu_);
+  }
 
-  // ---- record.cpp: recorder lock held unless said otherwise
-  void check_not_in_op(std::string_view call) const;
-  // pred -> n, unless pred is done or an edge already; returns whether the
-  // edge was made. With `give`, the caller's ref on pred becomes the edge's
-  // when it returns true (else the caller still holds it). `shared`: n is
-  // in a requested predecessor's successor list already (set here).
-  bool add_edge(Node* pred, Node* n, bool give, bool& shared);
-  // Adds n's edges and makes it the vars' last writer or a reader; returns
-  // the refs the vars now hold on n (not yet counted in n->refs).
-  std::uint32_t link(Node* n, std::span<VarState* const> pure_reads, std::span<VarState* const> writes);
-  void record(Node* n);
-  void request(Node* n);
-  // `requested`, and off the unrequested list (request() without its
-  // decrement of `pending`).
-  void mark_requested(Node* n);
-
-  // ---- schedule.cpp: no lock held
-  void make_ready(Node* n, bool pushed = false);
   // Nodes made ready together, queued under one queue lock per
   // kReadyBatch (make_ready_many): add() queues a full batch, flush() the
   // rest.
@@ -111,24 +97,50 @@ class EngineImpl {
     std::array<Node*, kReadyBatch> nodes;  // the first `size` are set
     std::size_t size = 0;
   };
+
+  // ---- record.cpp
+  void check_not_in_op(std::string_view call) const;
+  // pred -> n, unless pred is done or an edge already; returns whether the
+  // edge was made. With `give`, the caller's ref on pred becomes the edge's
+  // when it returns true (else the caller still holds it). `shared`: n is
+  // in a predecessor's successor list already (set here). The locks of n's
+  // vars held.
+  bool add_edge(Node* pred, Node* n, bool give, bool& shared);
+  // Adds n's edges and makes it the vars' last writer or a reader; returns
+  // the refs the vars now hold on n (not yet counted in n->refs). The
+  // vars' locks held.
+  std::uint32_t link(Node* n, std::span<VarState* const> pure_reads, std::span<VarState* const> writes);
+  // Counts n in the current waitall epoch and requests it (eager) or puts
+  // it in the lazy window. The vars' locks held.
+  void record(Node* n);
+  void count_recorded(Node* n);
+  // Request lock held (or, eager, n not yet published). With `batch`, a
+  // node made ready is collected there instead of queued at once.
+  void request(Node* n, ReadyBatch* batch = nullptr);
+  // `requested`, and off the unrequested list (request() without its
+  // decrement of `pending`). Request lock held.
+  void mark_requested(Node* n);
+
+  // ---- schedule.cpp: no lock held
+  void make_ready(Node* n, bool pushed = false);
   void add_ready(ReadyBatch& b, Node* n);
   void flush_ready(ReadyBatch& b);
-  // Recorder lock: requests in its scope collect the nodes they make ready
-  // and queue them in batches; the last batch when the scope ends, also on
-  // a throw (batching_ is never left set).
+  // Requests made with its `nodes` collect the nodes they make ready and
+  // queue them in batches; the last batch when the scope ends, also on a
+  // throw.
   class BatchedRequests {
    public:
-    explicit BatchedRequests(EngineImpl& e) : e_(e) { e_.batching_ = true; }
+    explicit BatchedRequests(EngineImpl& e) : e_(e) {}
     ~BatchedRequests() {
-      e_.batching_ = false;
       try {
-        e_.flush_ready(e_.ready_batch_);
+        e_.flush_ready(nodes);
       } catch (...) {  // out of memory queueing them: they stay ready for the waits that need them
-        e_.ready_batch_.size = 0;
+        nodes.size = 0;
       }
     }
     BatchedRequests(const BatchedRequests&) = delete;
     BatchedRequests& operator=(const BatchedRequests&) = delete;
+    ReadyBatch nodes;
 
    private:
     EngineImpl& e_;
@@ -166,11 +178,11 @@ class EngineImpl {
   // ---- waits.cpp
   std::uint32_t register_waiter(WaitMode mode);
   void unregister_waiter(std::uint32_t tag, WaitMode mode);
-  void request_subgraph(Node* target, std::uint32_t tag);  // recorder lock
+  void request_subgraph(Node* target, std::uint32_t tag);
   void untag(Node* target, std::uint32_t tag);
   template <class Done>
   bool help_until(std::uint32_t tag, Done done, bool watchdog);
-  void wait_node(Node* target);  // recorder lock held on entry, released on return
+  void wait_node(Node* target);
   void run_now_naive(Node* n);
   void throttle_frontend();
   void wake_waiters() noexcept;
@@ -179,27 +191,23 @@ class EngineImpl {
   std::string describe_pending(Node* target);
   void trace(const Node* n) const;
 
-  // The recorder lock: recording (var table, linking, requests, the pending
-  // window) and the lazy request of a wait's subgraph. Never taken by
-  // completion or by workers, never held across user code.
-  // Its own cache line: a line that workers write beside it (the node
-  // pool's returned stack was) made every lock a transfer between cores.
-  // (The pool's returned stack has a line of its own too.)
-  alignas(64) mutable GraphMutex record_mu_;
+  // The request lock: requests of recorded nodes and the lazy window's
+  // list. Taken by lazy recorders, the window, waits' requests of their
+  // subgraphs and waitall under lazy and naive; never under eager (a node
+  // is requested as it is recorded), never by completion or by workers,
+  // never held across user code. Recording itself takes only the locks of
+  // its vars (record.cpp). Its own cache line.
+  alignas(64) mutable GraphMutex request_mu_;
   NodePool pool_;
   VarTable vars_{pool_, static_cast<std::uint32_t>(profile_id_)};
-  std::uint64_t next_seq_ = 1;       // recorder lock
-  Node* unreq_head_ = nullptr;       // recorder lock: the lazy window, record order
+  alignas(64) std::atomic<std::uint64_t> next_seq_{1};  // record order
+  Node* unreq_head_ = nullptr;       // request lock: the lazy window, record order
   Node* unreq_tail_ = nullptr;
   std::size_t unreq_count_ = 0;
-  std::vector<Node*> scratch_;       // recorder lock: traversal stack
-  // Recorder lock: while batching_, request() collects the nodes it makes
-  // ready here, to be queued in batches (a waitall's request of everything
-  // recorded, the window's of its oldest nodes).
-  bool batching_ = false;
-  ReadyBatch ready_batch_;
 
-  std::uint64_t waitall_epoch_ = 0;  // recorder lock
+  // Flipped by each waitall (under the request lock, which lazy recorders
+  // read it under).
+  std::atomic<std::uint64_t> waitall_epoch_{0};
   // Unfinished nodes and bytes by waitall epoch (pending_counts.hpp); the
   // byte window is eager's only.
   PendingCounts counts_{PendingCounts::Limits{

@@ -4,7 +4,7 @@
 // The captures were allocated by the frontend (arrays, buffers, shape
 // vectors), and freeing them on the worker would hand every allocation
 // across threads (contended malloc arenas, the host pool) and take the
-// recorder lock for every var their destructors delete. Destroyed in
+// var table's lock for every var their destructors delete. Destroyed in
 // batches by the frontend, they stay thread-local.
 //
 // A lock-free multi-producer stack linked through Node::grave_next: any

@@ -18,7 +18,7 @@ namespace {
 
 std::string_view state_name(const Node* n) {
   switch (n->state.load(std::memory_order_acquire)) {
-    case NodeState::kRecorded: return n->requested ? "waiting for inputs" : "recorded (lazy)";
+    case NodeState::kRecorded: return n->requested.load(std::memory_order_relaxed) ? "waiting for inputs" : "recorded (lazy)";
     case NodeState::kReady: return "ready";
     case NodeState::kDeferred: return "ready, held by its device's run-ahead bound";
     case NodeState::kRunning: return n->sdev != nullptr ? "launching" : "running";
@@ -33,7 +33,6 @@ std::string_view state_name(const Node* n) {
 // The watchdog's report: the unfinished nodes a wait is blocked on (the
 // target's pending ancestors, or every unfinished node for waitall).
 std::string EngineImpl::describe_pending(Node* target) {
-  RecLock lk(record_mu_);
   std::vector<Node*> nodes;  // one ref each
   if (target != nullptr) {
     std::vector<Node*> stack{target};
@@ -60,7 +59,7 @@ std::string EngineImpl::describe_pending(Node* target) {
   } else {
     pool_.for_each([&](Node* n) {
       std::lock_guard g(n->lock);  // a live node cannot complete meanwhile
-      if (n->live) {
+      if (n->live.load(std::memory_order_acquire)) {
         NodePool::retain(n);
         nodes.push_back(n);
       }
@@ -80,7 +79,7 @@ std::string EngineImpl::describe_pending(Node* target) {
     if (n->stream >= 0) os << " stream " << n->stream;
     os << ": " << state_name(n);
     const std::uint32_t pending = n->pending.load(std::memory_order_relaxed);
-    const std::uint32_t inputs = pending - (n->requested ? 0 : 1);
+    const std::uint32_t inputs = pending - (n->requested.load(std::memory_order_relaxed) ? 0 : 1);
     if (inputs != 0 && n->state.load(std::memory_order_relaxed) == NodeState::kRecorded) {
       os << ", " << inputs << " input(s) pending";
     }
@@ -118,17 +117,16 @@ EngineStats EngineImpl::stats() const {
 }
 
 std::vector<PendingNode> EngineImpl::pending_nodes() {
-  RecLock lk(record_mu_);
   std::vector<PendingNode> out;
   pool_.for_each([&](Node* n) {
     std::lock_guard ng(n->lock);  // a live node cannot complete (and be recycled) meanwhile
-    if (!n->live) return;
+    if (!n->live.load(std::memory_order_acquire)) return;
     PendingNode p;
     p.id = n->seq;
     p.name = n->name.str();
     p.device = n->device;
     p.priority = n->priority;
-    p.requested = n->requested;
+    p.requested = n->requested.load(std::memory_order_relaxed);
     for (const Node* q : n->preds) {
       if (q->state.load(std::memory_order_acquire) != NodeState::kDone) p.preds.push_back(q->seq);
     }

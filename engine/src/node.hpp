@@ -72,15 +72,17 @@ class NodeName {
   std::size_t heap_cap_ = 0;
 };
 
-// Fields marked [rec] belong to the recorder lock (EngineImpl::record_mu_);
-// the others say what orders them.
+// Fields marked [var] belong to the var's lock `mu`: recorders take the
+// locks of every var a push names (in slot order), waits the lock of the
+// var they wait for; the others say what orders them.
 struct VarState {
-  Var handle;                     // [rec] generation 0 while never used
-  bool alive = false;             // [rec] false once its deletion is recorded
-  const char* owner = nullptr;    // [rec] new_owned_var: only delete_owned_var deletes it
-  Node* last_writer = nullptr;    // [rec] holds a ref; kept after it finishes (its error)
-  SmallVector<Node*, 4> readers;  // [rec] reads since last_writer, one ref each
-  std::uint32_t prune_at = 8;     // [rec] readers.size() at which finished readers are dropped
+  SpinLock mu;
+  Var handle;                     // [var] generation 0 while never used
+  bool alive = false;             // [var] false once its deletion is recorded
+  const char* owner = nullptr;    // [var] new_owned_var: only delete_owned_var deletes it
+  Node* last_writer = nullptr;    // [var] holds a ref; kept after it finishes (its error)
+  SmallVector<Node*, 4> readers;  // [var] reads since last_writer, one ref each
+  std::uint32_t prune_at = 8;     // [var] readers.size() at which finished readers are dropped
   std::uint32_t next_free = 0;    // free stack link: index + 1 of the next free slot
   // 1 while alive, + 1 per unfinished access by a stream-device node.
   // Whoever takes it to 0 (the recorder, once the var is dead and the CPU
@@ -129,11 +131,14 @@ struct Node {
   bool run_on_failed_input = false;   // [imm] PushOptions::run_on_failed_input
   SmallVector<std::uint64_t, 2> write_sources;  // [imm] PushOptions::write_sources (empty: none)
   bool async_started = false;         // by its runner, before arriving: the function ran
-  bool requested = false;             // [rec]
-  bool in_unrequested = false;        // [rec]
-  Node* unreq_prev = nullptr;         // [rec] recorded, not yet requested, in record order
+  // Set once, by the request that gives up the "until requested" count:
+  // under eager by its recorder, before it is published; under the other
+  // policies under the request lock ([req], EngineImpl::request_mu_).
+  std::atomic<bool> requested{false};
+  bool in_unrequested = false;        // [req]
+  Node* unreq_prev = nullptr;         // [req] recorded, not yet requested, in record order
   Node* unreq_next = nullptr;
-  Node* free_next = nullptr;          // node pool (recorder side)
+  Node* free_next = nullptr;          // node pool (its lock)
 
   // Guarded by `lock`: the successor list (appended by recorders, consumed
   // once by the completion) and the predecessor list (appended by the
@@ -154,7 +159,10 @@ struct Node {
   // Async nodes: the runner's return and the Completion each arrive once;
   // the second completes the node (acq_rel: it sees the first's writes).
   std::atomic<std::uint8_t> async_arrivals{0};
-  bool live = false;                      // recorded and not done (`lock`; set before publication)
+  // Recorded and not done: stored (release) once the node's edges and
+  // fields are set, cleared under `lock` by its completion; read under
+  // `lock` (acquire) by introspection.
+  std::atomic<bool> live{false};
 
   // Written by the thread that runs (or launches, or completes) the node
   // before its completion stores kDone (release); read after kDone is seen.

@@ -1,15 +1,16 @@
 // Node storage: blocks of nodes recycled through a free list, so recording
 // allocates nothing in the steady state. Any thread may drop the last
-// reference to a node; only the recorder (under the recorder lock) takes
-// nodes out.
+// reference to a node; recorders take nodes out under the pool's lock.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "node.hpp"
+#include "sync.hpp"
 
 namespace lazydag::engine::detail {
 
@@ -19,8 +20,9 @@ class NodePool {
   NodePool(const NodePool&) = delete;
   NodePool& operator=(const NodePool&) = delete;
 
-  /// A clean node with no references. Recorder lock held.
+  /// A clean node with no references. Any thread.
   Node* alloc() {
+    std::lock_guard g(mu_);
     if (local_ == nullptr) {
       // Take every returned node at once: a single consumer that exchanges
       // the whole stack has no ABA problem (pushers only CAS the head).
@@ -47,9 +49,11 @@ class NodePool {
     return n;
   }
 
-  /// Calls f(node) for every node ever allocated. Recorder lock held.
+  /// Calls f(node) for every node ever allocated (under the pool's lock:
+  /// f must not record).
   template <class F>
   void for_each(F f) {
+    std::lock_guard g(mu_);
     for (auto& b : blocks_) {
       for (std::uint32_t i = 0; i < kBlock; ++i) f(&b[i]);
     }
@@ -87,7 +91,7 @@ class NodePool {
     n->tag.store(0, std::memory_order_relaxed);
     n->waiters.store(0, std::memory_order_relaxed);
     n->state.store(NodeState::kRecorded, std::memory_order_relaxed);
-    n->requested = false;
+    n->requested.store(false, std::memory_order_relaxed);
     n->in_unrequested = false;
     n->failed = false;
     n->launch_failed = false;
@@ -101,8 +105,11 @@ class NodePool {
     n->waits.clear();
   }
 
-  std::vector<std::unique_ptr<Node[]>> blocks_;  // recorder lock
-  Node* local_ = nullptr;                        // recorder lock
+  // Taken only to take nodes out (and to list them): a leaf lock, held
+  // for a few instructions.
+  SpinLock mu_;
+  std::vector<std::unique_ptr<Node[]>> blocks_;  // mu_
+  Node* local_ = nullptr;                        // mu_
   alignas(64) std::atomic<Node*> returned_{nullptr};  // recycled nodes, pushed by any thread (a line of its own)
 };
 

@@ -4,7 +4,7 @@
 // completing threads each node completed.
 //
 // Nodes are counted by the parity of the waitall epoch they were recorded
-// in: recorded minus completed. A waitall flips the epoch (recorder lock)
+// in: recorded minus completed. A waitall flips the epoch
 // and waits until the old parity's completed count equals its recorded
 // count: every node recorded before it is then done. (Nodes recorded after
 // a second, concurrent waitall's flip share that parity: the first waitall
@@ -39,14 +39,12 @@ class PendingCounts {
   PendingCounts(const PendingCounts&) = delete;
   PendingCounts& operator=(const PendingCounts&) = delete;
 
-  /// The recorder (serialised by the recorder lock): one node recorded in
-  /// epoch parity `parity`, costing `bytes`.
+  /// A recorder (any thread): one node recorded in epoch parity `parity`,
+  /// costing `bytes`.
   void recorded(std::size_t parity, std::size_t bytes) noexcept {
-    // Recorders are serialised: load and store, no read-modify-write.
-    auto& n = rec_.by_epoch[parity];
-    n.store(n.load(std::memory_order_relaxed) + 1, std::memory_order_release);
-    if (bytes != 0) rec_.bytes.store(rec_.bytes.load(std::memory_order_relaxed) + bytes, std::memory_order_release);
-    if (++rec_.since_sample >= kPeakSample) reload_done();  // samples the peak
+    const std::int64_t n = rec_.by_epoch[parity].fetch_add(1, std::memory_order_release) + 1;
+    if (bytes != 0) rec_.bytes.fetch_add(bytes, std::memory_order_release);
+    if (n % kPeakSample == 0) reload_done();  // samples the peak
   }
 
   /// Any thread: one node of `parity` completed, costing `bytes`. Returns
@@ -91,16 +89,17 @@ class PendingCounts {
            (limits_.max_pending_bytes != 0 && live > 1 && unfinished_bytes() > factor * limits_.max_pending_bytes);
   }
 
-  /// The same from the recorder's copies (recorder lock): reloads them only
+  /// The same from the recorders' copies (any thread): reloads them only
   /// when the upper bound they give is past the window.
   bool recorder_over_window(std::size_t factor) noexcept {
     auto over = [&] {
       const std::int64_t recorded =
           rec_.by_epoch[0].load(std::memory_order_relaxed) + rec_.by_epoch[1].load(std::memory_order_relaxed);
-      const auto live = static_cast<std::size_t>(recorded - rec_.seen_done);
+      const auto live = static_cast<std::size_t>(recorded - rec_.seen_done.load(std::memory_order_relaxed));
       return (limits_.max_pending != 0 && live > factor * limits_.max_pending) ||
              (limits_.max_pending_bytes != 0 && live > 1 &&
-              rec_.bytes.load(std::memory_order_relaxed) - rec_.seen_done_bytes > factor * limits_.max_pending_bytes);
+              rec_.bytes.load(std::memory_order_relaxed) - rec_.seen_done_bytes.load(std::memory_order_relaxed) >
+                  factor * limits_.max_pending_bytes);
     };
     if (!over()) return false;  // the upper bound is within the window
     reload_done();
@@ -120,26 +119,27 @@ class PendingCounts {
  private:
   static constexpr std::uint32_t kPeakSample = 64;
 
-  // Reloads the recorder's copies and samples the peak (recorder lock).
+  // Reloads the recorders' copies and samples the peak (any thread; two
+  // recorders reloading at once may leave the older copy, still a lower
+  // bound).
   void reload_done() noexcept {
-    rec_.since_sample = 0;
-    rec_.seen_done = completed_total();
-    rec_.seen_done_bytes = done_.bytes.load(std::memory_order_seq_cst);
+    const std::int64_t done = completed_total();
+    rec_.seen_done.store(done, std::memory_order_relaxed);
+    rec_.seen_done_bytes.store(done_.bytes.load(std::memory_order_seq_cst), std::memory_order_relaxed);
     const auto live = static_cast<std::size_t>(rec_.by_epoch[0].load(std::memory_order_relaxed) +
-                                               rec_.by_epoch[1].load(std::memory_order_relaxed) - rec_.seen_done);
-    if (live > rec_.peak_unfinished.load(std::memory_order_relaxed)) {
-      rec_.peak_unfinished.store(live, std::memory_order_relaxed);
+                                               rec_.by_epoch[1].load(std::memory_order_relaxed) - done);
+    std::size_t peak = rec_.peak_unfinished.load(std::memory_order_relaxed);
+    while (live > peak && !rec_.peak_unfinished.compare_exchange_weak(peak, live, std::memory_order_relaxed)) {
     }
   }
 
   struct alignas(64) Recorded {
-    std::array<std::atomic<std::int64_t>, 2> by_epoch{};  // written under the recorder lock
+    std::array<std::atomic<std::int64_t>, 2> by_epoch{};  // written by recorders
     std::atomic<std::size_t> bytes{0};                    // cost recorded
     std::atomic<std::size_t> peak_unfinished{0};
-    // Recorder lock: copies of done_'s totals, reloaded when needed.
-    std::int64_t seen_done = 0;
-    std::size_t seen_done_bytes = 0;
-    std::uint32_t since_sample = 0;
+    // Copies of done_'s totals, reloaded when needed: lower bounds.
+    std::atomic<std::int64_t> seen_done{0};
+    std::atomic<std::size_t> seen_done_bytes{0};
   };
   struct alignas(64) Completed {
     std::array<std::atomic<std::int64_t>, 2> by_epoch{};

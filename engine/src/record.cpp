@@ -1,11 +1,17 @@
 // Recording: vars, nodes and the dependency edges derived from read and
 // write sets; requests (what may run) and the pending window.
 //
-// Everything here runs under the recorder lock, which only recorders and a
-// wait's request of its subgraph take. Completion never takes it: an edge
-// to a predecessor is added under that predecessor's node lock, which its
-// completion also takes to mark it done and collect its successors, so an
-// edge is either seen by the completion or not added at all.
+// There is no recorder lock. A push takes the locks of the vars it names,
+// in slot order (so two pushes sharing vars are ordered the same way on
+// each, and cannot deadlock), and holds them while it links its node and
+// makes it the vars' last writer or a reader: pushes on disjoint vars do
+// not wait for each other, and a wait takes only the lock of the var it
+// waits for. An edge to a predecessor is added under that predecessor's
+// node lock, which its completion also takes to mark it done and collect
+// its successors, so an edge is either seen by the completion or not added
+// at all. Requests of recorded nodes (lazy and naive; eager requests each
+// node as it is recorded) take the request lock, which also guards the
+// lazy window's list.
 #include "engine_impl.hpp"
 
 #include <algorithm>
@@ -15,6 +21,38 @@
 
 namespace lazydag::engine::detail {
 
+namespace {
+
+// The locks of a push's vars, taken in address order (one total order for
+// every push) and released when it ends, also on a throw.
+class VarLocks {
+ public:
+  VarLocks() = default;
+  VarLocks(const VarLocks&) = delete;
+  VarLocks& operator=(const VarLocks&) = delete;
+  ~VarLocks() { unlock_all(); }
+  // Adds s unless it is there already (before lock_all).
+  void add(VarState* s) {
+    if (!held_.contains(s)) held_.push_back(s);
+  }
+  void unlock_all() noexcept {
+    for (VarState* s : held_) s->mu.unlock();
+    held_.clear();
+  }
+  void lock_all() noexcept {
+    // Insertion sort: a push names a handful of vars.
+    for (VarState** i = held_.begin(); i != held_.end(); ++i) {
+      for (VarState** j = i; j != held_.begin() && std::less<>()(*j, *(j - 1)); --j) std::swap(*j, *(j - 1));
+    }
+    for (VarState* s : held_) s->mu.lock();
+  }
+
+ private:
+  SmallVector<VarState*, 8> held_;
+};
+
+}  // namespace
+
 void EngineImpl::check_not_in_op(std::string_view call) const {
   if (tls_running_engine == this) {
     throw InvalidArgument(std::string(call) +
@@ -23,58 +61,52 @@ void EngineImpl::check_not_in_op(std::string_view call) const {
   }
 }
 
-Var EngineImpl::new_var(const char* owner) {
-  RecLock lk(record_mu_);
-  return vars_.create(owner);
-}
+Var EngineImpl::new_var(const char* owner) { return vars_.create(owner); }
 
 // The var is refused from now on; its slot is recycled once no access is
 // pending (var_table.hpp).
 void EngineImpl::delete_var(Var v, bool by_owner) {
-  RecLock lk(record_mu_);
-  VarState* s = vars_.find(v, "delete_var");
-  if (s->owner != nullptr && !by_owner) {
-    throw InvalidArgument("delete_var: var #" + std::to_string(v.index) + " belongs to " + s->owner +
-                          ", which deletes it when its last handle goes");
+  VarState* s = vars_.lookup(v);
+  if (s == nullptr) vars_.check(nullptr, v, "delete_var");
+  {
+    std::lock_guard g(s->mu);
+    vars_.check(s, v, "delete_var");
+    if (s->owner != nullptr && !by_owner) {
+      throw InvalidArgument("delete_var: var #" + std::to_string(v.index) + " belongs to " + s->owner +
+                            ", which deletes it when its last handle goes");
+    }
+    s->alive = false;  // no push or wait takes it after this
   }
   vars_.retire(s);
 }
 
 bool EngineImpl::add_edge(Node* pred, Node* n, bool give, bool& shared) {
   if (n->preds.contains(pred)) return false;
-  // A predecessor not yet requested ([rec], like this call) holds its
-  // "until requested" count: it is not ready, running, launched or done,
-  // and only a recorder (this one, under the recorder lock) touches its
-  // successor list, so neither its lock nor its state is needed. Under
-  // lazy this is every edge inside recorded-ahead work; the lock's
-  // exchange was 9% of the samples of a lazy 10,000-node chain.
-  std::unique_lock<SpinLock> g(pred->lock, std::defer_lock);
-  NodeState st = NodeState::kRecorded;
-  if (pred->requested) {
-    // Done already: no edge, and no need for its lock, whose line the
-    // thread that completed it may still hold (acquire: pairs with the
-    // completion's store of kDone, after the node's effects, as the load
-    // under the lock).
-    if (pred->state.load(std::memory_order_acquire) == NodeState::kDone) return false;
-    g.lock();
-    st = pred->state.load(std::memory_order_acquire);
-    if (st == NodeState::kDone) return false;
-  }
+  // Done already: no edge, and no need for its lock, whose line the thread
+  // that completed it may still hold (acquire: pairs with the completion's
+  // store of kDone, after the node's effects, as the load under the lock).
+  if (pred->state.load(std::memory_order_acquire) == NodeState::kDone) return false;
+  // Under its lock even when it is not requested: a wait (or the window)
+  // may request it, and it may run and complete, while this edge is added.
+  std::lock_guard g(pred->lock);
+  const NodeState st = pred->state.load(std::memory_order_acquire);
+  if (st == NodeState::kDone) return false;
   n->preds.push_back(pred);
   if (!give) NodePool::retain(pred);
   // A launched producer satisfies a launch edge already: n's stream waits
   // for its event (kept alive by the ref above).
   if (launch_edge(pred, n) && st == NodeState::kLaunched) return true;
   pred->succs.push_back(n);
-  // Until n is in a requested predecessor's successor list, whose
-  // completion may decrement its count meanwhile, only this recorder
-  // touches n->pending: a load and a store then, not a locked add.
+  // Until n is in a predecessor's successor list, whose completion may
+  // decrement its count meanwhile, only this recorder touches n->pending: a
+  // load and a store then, not a locked add. (This predecessor cannot
+  // complete while its lock is held.)
   if (shared) {
     n->pending.fetch_add(1, std::memory_order_relaxed);
   } else {
     n->pending.store(n->pending.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   }
-  if (pred->requested) shared = true;
+  shared = true;
   return true;
 }
 
@@ -119,45 +151,69 @@ std::uint32_t EngineImpl::link(Node* n, std::span<VarState* const> pure_reads,
 }
 
 void EngineImpl::record(Node* n) {
-  n->seq = next_seq_++;
-  n->live = true;
-  n->epoch = static_cast<std::uint8_t>(waitall_epoch_ & 1);
-  counts_.recorded(n->epoch, n->cost_bytes);
+  n->live.store(true, std::memory_order_release);
   switch (options_.policy) {
     case Policy::kNaive:
+      count_recorded(n);
       return;  // requested by the wait in push, or at once when recorded by a running op
-    case Policy::kLazy:
+    case Policy::kLazy: {
+      // The epoch is read under the request lock, which a waitall holds
+      // while it flips the epoch and requests every node in the list: a
+      // node counted in the old parity is in the list by then.
+      std::lock_guard rl(request_mu_);
+      count_recorded(n);
       n->in_unrequested = true;
       n->unreq_prev = unreq_tail_;
       n->unreq_next = nullptr;
       (unreq_tail_ != nullptr ? unreq_tail_->unreq_next : unreq_head_) = n;
       unreq_tail_ = n;
       ++unreq_count_;
+      // The pending window: start the oldest recorded work when the
+      // frontend records far ahead, in batches, down to 7/8 of the window
+      // (64 nodes at most at once): one queue lock and one wake-up per
+      // batch, not per push.
+      if (options_.max_pending != 0 && unreq_count_ > options_.max_pending) {
+        const std::size_t target = options_.max_pending - std::min<std::size_t>(options_.max_pending / 8, 63);
+        BatchedRequests batch(*this);
+        while (unreq_count_ > target) request(unreq_head_, &batch.nodes);
+      }
       return;
+    }
     case Policy::kEager:
-      request(n);
+      // Requested before it is published (the vars' locks are held): no
+      // wait or window ever finds it unrequested. A waitall that flips the
+      // epoch meanwhile waits for it or not; either is right for a push
+      // that races with it.
+      count_recorded(n);
+      n->requested.store(true, std::memory_order_relaxed);
+      n->pending.fetch_sub(1, std::memory_order_relaxed);  // the record guard keeps it above 0
       return;
   }
+}
+
+void EngineImpl::count_recorded(Node* n) {
+  n->epoch = static_cast<std::uint8_t>(waitall_epoch_.load(std::memory_order_acquire) & 1);
+  counts_.recorded(n->epoch, n->cost_bytes);
 }
 
 // Gives up the node's "not requested" count. Invariant: a requested node's
 // unfinished ancestors are all requested (record order is a topological
 // order, and requests go oldest first or ancestors first), so a wait's
-// traversal stops at requested nodes.
-void EngineImpl::request(Node* n) {
-  if (n->requested) return;
+// traversal stops at requested nodes. Request lock held.
+void EngineImpl::request(Node* n, ReadyBatch* batch) {
+  if (n->requested.load(std::memory_order_relaxed)) return;
   mark_requested(n);
   if (n->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-    if (!batching_) {
+    if (batch == nullptr) {
       make_ready(n);
       return;
     }
-    add_ready(ready_batch_, n);
+    add_ready(*batch, n);
   }
 }
 
 void EngineImpl::mark_requested(Node* n) {
-  n->requested = true;
+  n->requested.store(true, std::memory_order_relaxed);
   if (n->in_unrequested) {
     n->in_unrequested = false;
     (n->unreq_prev != nullptr ? n->unreq_prev->unreq_next : unreq_head_) = n->unreq_next;
@@ -220,17 +276,27 @@ void EngineImpl::push(Function fn, std::span<const Var> reads, std::span<const V
   }
   const bool in_op = tls_running_engine == this;
   if (!in_op) drain_graveyard();
-  RecLock lk(record_mu_);
-  // Validate everything before touching the graph: bad input records nothing.
+  // The vars' locks, then validate everything before touching the graph:
+  // bad input records nothing.
+  VarLocks locks;
+  for (Var v : writes) {
+    if (VarState* s = vars_.lookup(v)) locks.add(s);
+  }
+  for (Var v : reads) {
+    if (VarState* s = vars_.lookup(v)) locks.add(s);
+  }
+  locks.lock_all();
   SmallVector<VarState*, 8> ws;
   SmallVector<VarState*, 8> rs;
   SmallVector<VarState*, 8> pure_reads;
   for (Var v : writes) {
-    VarState* s = vars_.find(v, "push (write set) of", name);
+    VarState* s = vars_.lookup(v);
+    vars_.check(s, v, "push (write set) of", name);
     if (!ws.contains(s)) ws.push_back(s);
   }
   for (Var v : reads) {
-    VarState* s = vars_.find(v, "push (read set) of", name);
+    VarState* s = vars_.lookup(v);
+    vars_.check(s, v, "push (read set) of", name);
     if (rs.contains(s)) continue;
     rs.push_back(s);
     if (!ws.contains(s)) pure_reads.push_back(s);
@@ -281,10 +347,11 @@ void EngineImpl::push(Function fn, std::span<const Var> reads, std::span<const V
     if (sdev != nullptr) VarTable::hold(s);
   }
   // The node's refs: the vars' (link) and the unfinished one, dropped by
-  // its completion. Stored at once: until the recorder lock is released
+  // its completion. Stored at once: until the vars' locks are released
   // nobody else can reach the node's count (a completion that reaches it
   // through a successor list cannot make it ready while push holds its
   // record guard in `pending`), so no locked add per ref.
+  n->seq = next_seq_.fetch_add(1, std::memory_order_relaxed);
   const std::span<VarState* const> written(ws.begin(), ws.size());
   // Read before link() drops the vars' finished accesses.
   const DeviceTable::StreamUse last_use = sdev != nullptr && options.stream == StreamKind::kCompute
@@ -293,35 +360,27 @@ void EngineImpl::push(Function fn, std::span<const Var> reads, std::span<const V
   const std::uint32_t refs = link(n, std::span<VarState* const>(pure_reads.begin(), pure_reads.size()), written);
   n->refs.store(refs + 1, std::memory_order_relaxed);
   if (sdev != nullptr) n->stream = devices_.choose_stream(n, options.stream, last_use);
-  record(n);
+  record(n);  // the pending window too (lazy)
   if (profiling) {
     profiler::detail::record(
         profiler::detail::FrontendEvent{"record", std::string(name), {}, t0, profiler::detail::now_ns()});
   }
   const bool naive = options_.policy == Policy::kNaive;
-  bool throttle = false;
-  if (naive) {
-    if (in_op) request(n);  // recorded by a running op: runs after it, before the outer wait returns
-  } else {
-    // The pending window: start the oldest recorded work when the frontend
-    // records far ahead, then stall a frontend that outruns the workers
-    // (by nodes, and under eager by the bytes they touch).
-    if (options_.max_pending != 0 && unreq_count_ > options_.max_pending) {
-      // In batches, down to 7/8 of the window (64 nodes at most at once):
-      // one queue lock and one wake-up per batch, not per push.
-      const std::size_t target = options_.max_pending - std::min<std::size_t>(options_.max_pending / 8, 63);
-      BatchedRequests batch(*this);
-      while (unreq_count_ > target) request(unreq_head_);
-    }
-    throttle = !in_op && counts_.recorder_over_window(2);
+  if (naive && in_op) {
+    // Recorded by a running op: runs after it, before the outer wait returns.
+    std::lock_guard rl(request_mu_);
+    request(n);
   }
+  // A frontend that outruns the workers stalls (by nodes, and under eager
+  // by the bytes they touch).
+  const bool throttle = !naive && !in_op && counts_.recorder_over_window(2);
   const bool run_now = naive && !in_op;
   if (run_now) NodePool::retain(n);
   // Eager, small, on a CPU: if it is ready now, this thread runs it (a
   // hand-over to a worker's core costs more than the work).
   const bool small = options_.policy == Policy::kEager && !in_op && sdev == nullptr && !async &&
                      options.cost_bytes != 0 && options.cost_bytes <= options_.inline_bytes;
-  lk.unlock();
+  locks.unlock_all();
   if (n->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {
     if (small) {
       run_inline(n);

@@ -444,7 +444,7 @@ Node* EngineImpl::complete(Node* n, Bypass bypass) {
     // seq_cst: a wait increments `waiters` and then reads the state; this
     // store and the load of `waiters` below form the other half.
     n->state.store(NodeState::kDone, std::memory_order_seq_cst);
-    n->live = false;
+    n->live.store(false, std::memory_order_relaxed);
     // The first successor made ready may be kept for bypass; the others
     // are queued in batches (one queue lock and wake-up per batch).
     ReadyBatch ready;

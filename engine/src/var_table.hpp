@@ -1,6 +1,6 @@
-// The var table: slots for engine variables, handed out and checked by the
-// recorder (under the recorder lock), freed by whichever thread drops a
-// var's last hold.
+// The var table: slots for engine variables, handed out under the table's
+// own lock, looked up without one and checked under the var's lock, freed
+// by whichever thread drops a var's last hold.
 //
 // A deleted var keeps its slot until no access is pending. CPU nodes take
 // no hold: the recorder frees the slot of a deleted var once the nodes the
@@ -24,34 +24,50 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "node.hpp"
 #include "node_pool.hpp"
+#include "sync.hpp"
 
 namespace lazydag::engine::detail {
 
 class VarTable {
  public:
-  VarTable(NodePool& pool, std::uint32_t engine_id) : pool_(pool), engine_id_(engine_id) {}
+  VarTable(NodePool& pool, std::uint32_t engine_id)
+      : pool_(pool), engine_id_(engine_id), dir_(std::make_unique<std::atomic<VarState*>[]>(kMaxChunks)) {}
   VarTable(const VarTable&) = delete;
   VarTable& operator=(const VarTable&) = delete;
+  ~VarTable() {
+    for (std::uint32_t c = 0; c * kChunk < count_.load(std::memory_order_relaxed); ++c) {
+      delete[] dir_[c].load(std::memory_order_relaxed);
+    }
+  }
 
-  /// A new live var (one hold: its liveness). Recorder lock held.
+  /// A new live var (one hold: its liveness). Any thread.
   Var create(const char* owner = nullptr) {
     std::uint32_t index = 0;
-    if (free_ == 0) free_ = returned_.exchange(0, std::memory_order_acquire);
-    if (free_ != 0) {
-      index = free_ - 1;
-      free_ = slot(index).next_free;
-    } else {
-      if (count_ == std::numeric_limits<std::uint32_t>::max()) throw Error("new_var: out of var slots");
-      if (count_ % kChunk == 0) chunks_.push_back(std::make_unique<VarState[]>(kChunk));
-      index = count_++;
+    {
+      std::lock_guard g(mu_);
+      if (free_ == 0) free_ = returned_.exchange(0, std::memory_order_acquire);
+      if (free_ != 0) {
+        index = free_ - 1;
+        free_ = slot(index).next_free;
+      } else {
+        const std::uint32_t count = count_.load(std::memory_order_relaxed);
+        if (count == kMaxChunks * kChunk) throw Error("new_var: out of var slots");
+        if (count % kChunk == 0) dir_[count / kChunk].store(new VarState[kChunk], std::memory_order_release);
+        index = count;
+        count_.store(count + 1, std::memory_order_release);  // publishes the chunk to lookups
+      }
     }
     VarState& s = slot(index);
+    // Under the var's lock: a lookup with a stale handle of this slot may
+    // be comparing generations meanwhile.
+    std::lock_guard g(s.mu);
     s.handle.index = index;
     s.handle.generation =
         s.handle.generation == std::numeric_limits<std::uint32_t>::max() ? 1 : s.handle.generation + 1;
@@ -62,14 +78,21 @@ class VarTable {
     return s.handle;
   }
 
-  /// The live var `v`, or InvalidArgument naming `call` (and the op being
-  /// pushed, if any). The message is built only on failure. Recorder lock held.
-  VarState* find(Var v, std::string_view call, std::string_view op = {}) {
+  /// The slot `v` names, live or not; null when this engine never made
+  /// it. Lock-free: slots are never moved or freed while the engine lives.
+  VarState* lookup(Var v) const noexcept {
+    if (v.engine != engine_id_ || !v.valid() || v.index >= count_.load(std::memory_order_acquire)) return nullptr;
+    return &slot(v.index);
+  }
+
+  /// `s` (from lookup(v), its lock held; null allowed) is the live var `v`,
+  /// or InvalidArgument naming `call` (and the op being pushed, if any).
+  /// The message is built only on failure.
+  void check(const VarState* s, Var v, std::string_view call, std::string_view op = {}) const {
     bool deleted = false;
-    if (v.engine == engine_id_ && v.valid() && v.index < count_) {
-      VarState& s = slot(v.index);
-      if (s.handle.generation == v.generation && s.alive) return &s;
-      deleted = v.generation <= s.handle.generation;
+    if (s != nullptr) {
+      if (s->handle.generation == v.generation && s->alive) return;
+      deleted = v.generation <= s->handle.generation;
     }
     std::string where(call);
     if (!op.empty()) where += " '" + std::string(op) + "'";
@@ -83,40 +106,32 @@ class VarTable {
                           std::to_string(v.generation) + " was never created by this engine)");
   }
 
-  /// One more unfinished access of a live var by a stream-device node.
-  /// Recorder lock held.
+  /// One more unfinished access of a live var by a stream-device node (the
+  /// var's lock held).
   static void hold(VarState* s) noexcept { s->holds.fetch_add(1, std::memory_order_relaxed); }
 
-  /// Deletes a live var (recorder lock held): refused from now on, its slot
-  /// freed once no access is pending.
+  /// Deletes a live var: its lock held, and `alive` cleared under it by the
+  /// caller, so no recorder or wait reaches it again; its slot is freed once
+  /// no access is pending.
   void retire(VarState* s) {
-    s->alive = false;
+    std::lock_guard g(mu_);
     if (idle(s)) {
       drop_here(s);  // the liveness hold; the last stream access frees it if one is pending
       return;
     }
     busy_.push_back(s);
-    if (busy_.size() >= sweep_at_) sweep();
+    if (busy_.size() >= sweep_at_) sweep_locked();
   }
 
-  /// Frees the deleted vars whose accesses are done (recorder lock held).
-  /// Swept when their number doubles since the last sweep: amortised O(1)
-  /// per deletion.
+  /// Frees the deleted vars whose accesses are done. Swept when their
+  /// number doubles since the last sweep: amortised O(1) per deletion.
   void sweep() noexcept {
-    std::size_t kept = 0;
-    for (VarState* s : busy_) {
-      if (idle(s)) {
-        drop_here(s);
-      } else {
-        busy_[kept++] = s;
-      }
-    }
-    busy_.resize(kept);
-    sweep_at_ = std::max<std::size_t>(kMinSweep, 2 * kept);
+    std::lock_guard g(mu_);
+    sweep_locked();
   }
 
-  /// The nodes a var names are done (recorder lock; acquire: after their
-  /// last access to it).
+  /// The nodes a var names are done (acquire: after their last access to
+  /// it). Its lock held, or the var dead.
   static bool idle(const VarState* s) noexcept {
     if (s->last_writer != nullptr && s->last_writer->state.load(std::memory_order_acquire) != NodeState::kDone) {
       return false;
@@ -139,8 +154,21 @@ class VarTable {
   }
 
  private:
-  /// The recorder's drop (recorder lock held): a slot freed here goes
-  /// straight to the recorder's own free list.
+  void sweep_locked() noexcept {
+    std::size_t kept = 0;
+    for (VarState* s : busy_) {
+      if (idle(s)) {
+        drop_here(s);
+      } else {
+        busy_[kept++] = s;
+      }
+    }
+    busy_.resize(kept);
+    sweep_at_ = std::max<std::size_t>(kMinSweep, 2 * kept);
+  }
+
+  /// The table's own drop (mu_ held): a slot freed here goes straight to
+  /// the free list.
   void drop_here(VarState* s) noexcept {
     if (s->holds.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
     clear(s);
@@ -158,18 +186,26 @@ class VarTable {
     if (s->poison) s->poison.reset();  // its line stays shared with the readers when clean
   }
 
+  // 2^28 slots at most, in chunks that never move: lookups index them
+  // without a lock.
   static constexpr std::uint32_t kChunk = 4096;
+  static constexpr std::uint32_t kMaxChunks = 65536;
   static constexpr std::size_t kMinSweep = 64;
-  VarState& slot(std::uint32_t index) { return chunks_[index / kChunk][index % kChunk]; }
+  VarState& slot(std::uint32_t index) const noexcept {
+    return dir_[index / kChunk].load(std::memory_order_acquire)[index % kChunk];
+  }
 
   NodePool& pool_;
-  const std::uint32_t engine_id_;                    // stamped on every handle
-  std::vector<std::unique_ptr<VarState[]>> chunks_;  // recorder lock
-  std::uint32_t count_ = 0;                          // recorder lock
-  std::uint32_t free_ = 0;                           // recorder lock: index + 1
-  std::atomic<std::uint32_t> returned_{0};           // freed slots, pushed by any thread
-  std::vector<VarState*> busy_;                      // recorder lock: deleted, accesses pending
-  std::size_t sweep_at_ = kMinSweep;                 // recorder lock
+  const std::uint32_t engine_id_;                       // stamped on every handle
+  const std::unique_ptr<std::atomic<VarState*>[]> dir_;  // chunk pointers, set once each under mu_
+  std::atomic<std::uint32_t> count_{0};                 // slots handed out ever (written under mu_)
+  // Creation, deletion and the free lists: a leaf lock of its own, taken
+  // by no push.
+  SpinLock mu_;
+  std::uint32_t free_ = 0;                  // mu_: index + 1
+  std::atomic<std::uint32_t> returned_{0};  // freed slots, pushed by any thread
+  std::vector<VarState*> busy_;             // mu_: deleted, accesses pending
+  std::size_t sweep_at_ = kMinSweep;        // mu_
 };
 
 }  // namespace lazydag::engine::detail

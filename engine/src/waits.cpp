@@ -32,6 +32,13 @@ namespace {
 // How long a waiter with nothing to run spins (then yields) before parking.
 constexpr std::chrono::microseconds kWaitSpin{20};
 
+// The stack of a wait's traversal of its subgraph: the thread's own, kept
+// between waits (no allocation per wait).
+std::vector<Node*>& traversal_stack() {
+  thread_local std::vector<Node*> stack;
+  return stack;
+}
+
 }  // namespace
 
 // Times one blocking call and accounts for it (sync debug, counters).
@@ -96,18 +103,21 @@ void EngineImpl::unregister_waiter(std::uint32_t tag, WaitMode mode) {
 // engine's life. Tags outlive their waiter only on done nodes: a waiter ends
 // when its target is done, after every ancestor. Without a slot (tag 0) the
 // traversal stops at requested nodes instead: their ancestors are requested
-// already. Iterative: a chain of millions must not recurse. Recorder lock held.
+// already. Iterative: a chain of millions must not recurse. Takes the
+// request lock (lazy, naive): it requests nodes.
 void EngineImpl::request_subgraph(Node* target, std::uint32_t tag) {
-  scratch_.clear();
+  auto rl = request_lock();
+  std::vector<Node*>& stack = traversal_stack();
+  stack.clear();
   NodePool::retain(target);
-  scratch_.push_back(target);
-  while (!scratch_.empty()) {
-    Node* n = scratch_.back();
-    scratch_.pop_back();
+  stack.push_back(target);
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
     std::uint32_t none = 0;
-    const bool visit =
-        n->state.load(std::memory_order_acquire) != NodeState::kDone &&
-        (tag != 0 ? n->tag.compare_exchange_strong(none, tag, std::memory_order_seq_cst) : !n->requested);
+    const bool visit = n->state.load(std::memory_order_acquire) != NodeState::kDone &&
+                       (tag != 0 ? n->tag.compare_exchange_strong(none, tag, std::memory_order_seq_cst)
+                                 : !n->requested.load(std::memory_order_relaxed));
     if (visit) {
       {
         std::lock_guard g(n->lock);
@@ -115,11 +125,11 @@ void EngineImpl::request_subgraph(Node* target, std::uint32_t tag) {
           if (p->state.load(std::memory_order_acquire) != NodeState::kDone &&
               p->tag.load(std::memory_order_relaxed) == 0) {
             NodePool::retain(p);
-            scratch_.push_back(p);
+            stack.push_back(p);
           }
         }
       }
-      if (!n->requested) {
+      if (!n->requested.load(std::memory_order_relaxed)) {
         request(n);  // make_ready hands it to the waiter when it is ready
       } else if (tag != 0 && n->state.load(std::memory_order_seq_cst) == NodeState::kReady) {
         // Ready and queued already: this waiter runs it first, and takes it
@@ -136,21 +146,21 @@ void EngineImpl::request_subgraph(Node* target, std::uint32_t tag) {
 }
 
 // Clears `tag` from the unfinished nodes of target's subgraph that carry it.
-// Recorder lock held.
 void EngineImpl::untag(Node* target, std::uint32_t tag) {
-  scratch_.clear();
+  std::vector<Node*>& stack = traversal_stack();
+  stack.clear();
   NodePool::retain(target);
-  scratch_.push_back(target);
-  while (!scratch_.empty()) {
-    Node* n = scratch_.back();
-    scratch_.pop_back();
+  stack.push_back(target);
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
     std::uint32_t mine = tag;
     if (n->state.load(std::memory_order_acquire) != NodeState::kDone &&
         n->tag.compare_exchange_strong(mine, 0, std::memory_order_seq_cst)) {
       std::lock_guard g(n->lock);
       for (Node* p : n->preds) {
         NodePool::retain(p);
-        scratch_.push_back(p);
+        stack.push_back(p);
       }
     }
     pool_.release(n);
@@ -227,57 +237,51 @@ bool EngineImpl::help_until(std::uint32_t tag, Done done, bool watchdog) {
   return true;
 }
 
-// Recorder lock held on entry (in `lk` of the caller, passed implicitly by
-// the lock state), released here before helping.
+// The caller holds a ref on target.
 void EngineImpl::wait_node(Node* target) {
-  if (target->state.load(std::memory_order_acquire) == NodeState::kDone) {
-    record_mu_.unlock();
-    return;
-  }
+  if (target->state.load(std::memory_order_acquire) == NodeState::kDone) return;
   // Two targets that can run at once, here, with no waiter slot, tag or
   // help list: running them is the whole wait.
   // Lazy: an unrequested CPU node whose only count left is "until
   // requested" (its inputs are done, and its push has dropped its record
   // guard). Requesting it takes `pending` to 0, so this thread owns it and
   // runs it at once, as a completion runs a bypassed successor.
-  if (target->sdev == nullptr && !target->async && !target->requested &&
+  if (target->sdev == nullptr && !target->async && !target->requested.load(std::memory_order_relaxed) &&
       target->pending.load(std::memory_order_acquire) == 1) {
-    mark_requested(target);
-    const bool mine = target->pending.fetch_sub(1, std::memory_order_acq_rel) == 1;
-    record_mu_.unlock();
-    if (mine) {
-      run_chain(claim_now(target), -1, Bypass{});
-      return;
+    auto rl = request_lock();
+    if (!target->requested.load(std::memory_order_relaxed)) {
+      mark_requested(target);
+      const bool mine = target->pending.fetch_sub(1, std::memory_order_acq_rel) == 1;
+      rl.unlock();
+      if (mine) {
+        run_chain(claim_now(target), -1, Bypass{});
+        return;
+      }
+      // Otherwise some count was left after all; whoever drops it makes
+      // the node ready, and the general way below waits for that.
     }
-    // Otherwise some count was left after all; whoever drops it makes the
-    // node ready, and the general way below waits for that.
-    record_mu_.lock();
   }
   // Eager: a ready CPU node that is the newest queue entry (typically
   // pushed just before this wait): its inputs are done. Taken off the queue
   // and claimed; if another wait claimed it first (from its help list), the
   // general way below waits for it.
   if (target->sdev == nullptr && !target->async && queue_.remove_newest(target)) {
-    record_mu_.unlock();
     if (claim(target)) {
       run_chain(target, -1, Bypass{});  // the queue entry's ref, dropped by finish_node
       return;
     }
     pool_.release(target);  // the queue entry's ref
-    record_mu_.lock();
   }
   const std::uint32_t tag = register_waiter(WaitMode::kNode);
   target->waiters.fetch_add(1, std::memory_order_seq_cst);
   if (tag != 0) waiters_.at(tag).idle.store(true, std::memory_order_seq_cst);  // traversal's first ready node is ours
   request_subgraph(target, tag);
-  record_mu_.unlock();
   const bool finished = help_until(
       tag, [&] { return target->state.load(std::memory_order_seq_cst) == NodeState::kDone; }, true);
   target->waiters.fetch_sub(1, std::memory_order_relaxed);
   if (!finished && tag != 0) {
     // Leave no tag of this waiter behind on unfinished nodes: the slot's
     // next owner would be handed them.
-    std::lock_guard lk(record_mu_);
     untag(target, tag);
   }
   unregister_waiter(tag, WaitMode::kNode);
@@ -297,7 +301,6 @@ void EngineImpl::run_now_naive(Node* n) {
     Node* n;
     ~Drop() { pool.release(n); }
   } drop{pool_, n};
-  record_mu_.lock();
   wait_node(n);
   const std::uint32_t tag = register_waiter(WaitMode::kAll);
   help_until(tag, [&] { return queue_.empty(); }, /*watchdog=*/false);
@@ -330,22 +333,19 @@ void EngineImpl::throttle_frontend() {
 void EngineImpl::wait_to_read(Var v, const CallSite& site) {
   check_not_in_op("wait_to_read");
   BlockingScope scope(blocking_calls_, blocked_ticks_, site);
-  record_mu_.lock();
+  VarState* vs = vars_.lookup(v);
+  if (vs == nullptr) vars_.check(nullptr, v, "wait_to_read");
   Node* t = nullptr;
-  const VarState* vs = nullptr;
-  try {
-    vs = vars_.find(v, "wait_to_read");
+  {
+    std::lock_guard g(vs->mu);
+    vars_.check(vs, v, "wait_to_read");
     t = vs->last_writer;
-  } catch (...) {
-    record_mu_.unlock();
-    throw;
+    if (t != nullptr) NodePool::retain(t);
   }
   if (t == nullptr) {
-    record_mu_.unlock();
     drain_graveyard();
     return;
   }
-  NodePool::retain(t);
   struct Drop {
     NodePool& pool;
     Node* n;
@@ -364,14 +364,14 @@ void EngineImpl::wait_to_write(Var v, const CallSite& site) {
   BlockingScope scope(blocking_calls_, blocked_ticks_, site);
   std::vector<Node*> targets;  // one ref each
   Node* writer = nullptr;
-  const VarState* vs = nullptr;
+  VarState* vs = vars_.lookup(v);
+  if (vs == nullptr) vars_.check(nullptr, v, "wait_to_write");
   {
-    RecLock lk(record_mu_);
-    VarState* s = vars_.find(v, "wait_to_write");
-    vs = s;
-    writer = s->last_writer;
+    std::lock_guard g(vs->mu);
+    vars_.check(vs, v, "wait_to_write");
+    writer = vs->last_writer;
     if (writer != nullptr) targets.push_back(writer);
-    for (Node* r : s->readers) {
+    for (Node* r : vs->readers) {
       if (r->state.load(std::memory_order_acquire) != NodeState::kDone) targets.push_back(r);
     }
     for (Node* t : targets) NodePool::retain(t);
@@ -383,10 +383,7 @@ void EngineImpl::wait_to_write(Var v, const CallSite& site) {
       for (Node* t : ts) pool.release(t);
     }
   } drop{pool_, targets};
-  for (Node* t : targets) {
-    record_mu_.lock();
-    wait_node(t);
-  }
+  for (Node* t : targets) wait_node(t);
   drain_graveyard();
   if (writer != nullptr) {
     if (ErrorPtr e = write_error(writer, vs)) {
@@ -408,18 +405,19 @@ void EngineImpl::wait_all_recorded(bool watchdog) {
   std::uint32_t tag = 0;
   std::size_t slot = 0;
   {
-    RecLock lk(record_mu_);
-    slot = waitall_epoch_ & 1;
-    ++waitall_epoch_;  // later nodes are counted in the other parity
+    // Under lazy, recorders read the epoch under the request lock: a node
+    // counted in the old parity is in the list requested below.
+    auto rl = request_lock();
+    slot = waitall_epoch_.fetch_add(1, std::memory_order_acq_rel) & 1;  // later nodes: the other parity
     tag = register_waiter(WaitMode::kAll);
     // Newest first: the oldest nodes become ready last, so workers do not
     // start a chain while this thread is still writing the counts of the
     // nodes it is about to run (both threads on every node's lines). The
     // invariant "requested => ancestors requested" holds again once the
-    // loop ends, before the recorder lock is released.
+    // loop ends, before the request lock is released.
     // The ready ones are queued 64 at a time under one queue lock.
     BatchedRequests batch(*this);
-    while (unreq_tail_ != nullptr) request(unreq_tail_);
+    while (unreq_tail_ != nullptr) request(unreq_tail_, &batch.nodes);
   }
   const bool finished = help_until(
       tag, [&] { return counts_.unfinished_in(slot) == 0; }, watchdog);

@@ -407,6 +407,113 @@ TEST_SUITE("engine") {
     }
   }
 
+  TEST_CASE("Protocol.RecordersSharingVarsInEveryOrder" * doctest::timeout(240)) {
+    // Recording takes the locks of a push's vars, not one graph lock. Four
+    // threads push read-modify-writes of two shared vars, naming them in
+    // opposite orders (a, b and b, a), each op incrementing both with a
+    // plain load and store: two such ops run at once, or a cycle in the
+    // graph, would lose an update or hang. Between them they also push on
+    // vars of their own, wait for the shared vars (a wait must see every op
+    // its thread pushed before it), delete and make vars; a fifth thread
+    // calls waitall throughout.
+    constexpr int kThreads = 4;
+    const int ops = std::getenv("LAZYDAG_DIFF_SEEDS") != nullptr ? 1500 : 6000;
+    for (const auto& cfg : test::all_configs()) {
+      for (std::size_t window : {std::size_t{8}, std::size_t{16384}}) {
+        CAPTURE(cfg.str());
+        CAPTURE(window);
+        Engine eng(cfg.options(window));
+        const Var a = eng.new_var();
+        const Var b = eng.new_var();
+        struct Cells {
+          std::atomic<std::uint64_t> a{0};
+          std::atomic<std::uint64_t> b{0};
+        };
+        auto cells = std::make_shared<Cells>();
+        auto bump = [cells](const RunContext&) {
+          // Load then store: the engine, not the atomics, must order these.
+          cells->a.store(cells->a.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+          cells->b.store(cells->b.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+        };
+        std::atomic<bool> recording{true};
+        std::vector<std::string> failures(kThreads + 1);
+        std::vector<int> stale(kThreads, 0);
+        std::vector<std::thread> threads;
+        for (int t = 0; t < kThreads; ++t) {
+          threads.emplace_back([&, t] {
+            try {
+              std::mt19937 rng(static_cast<std::uint32_t>(t + 7));
+              Var own = eng.new_var();
+              auto own_value = std::make_shared<std::uint64_t>(0);
+              std::uint64_t own_pushed = 0;
+              for (int i = 1; i <= ops; ++i) {
+                if (t % 2 == 0) {
+                  eng.push(bump, {a, b}, {a, b}, {.name = "ab"});
+                } else {
+                  eng.push(bump, {b, a}, {b, a}, {.name = "ba"});
+                }
+                switch (rng() % 8) {
+                  case 0: {
+                    // Every op this thread pushed on a is before the wait's target.
+                    eng.wait_to_read(a);
+                    if (cells->a.load(std::memory_order_relaxed) < static_cast<std::uint64_t>(i)) ++stale[t];
+                    break;
+                  }
+                  case 1:
+                    eng.wait_to_write(b);
+                    if (cells->b.load(std::memory_order_relaxed) < static_cast<std::uint64_t>(i)) ++stale[t];
+                    break;
+                  case 2: {
+                    eng.push([own_value](const RunContext&) { ++*own_value; }, {own}, {own}, {.name = "own"});
+                    ++own_pushed;
+                    if (rng() % 4 == 0) {
+                      eng.wait_to_read(own);
+                      if (*own_value != own_pushed) ++stale[t];
+                    }
+                    break;
+                  }
+                  case 3: {
+                    // A temporary written from a shared var, then deleted.
+                    Var tmp = eng.new_var();
+                    eng.push([](const RunContext&) {}, {a}, {tmp}, {.name = "tmp"});
+                    eng.delete_var(tmp);
+                    break;
+                  }
+                  default:
+                    break;
+                }
+              }
+              eng.wait_to_read(own);
+              if (*own_value != own_pushed) ++stale[t];
+              eng.delete_var(own);
+            } catch (const std::exception& e) {
+              failures[t] = e.what();
+            }
+          });
+        }
+        std::thread waiter([&] {
+          try {
+            while (recording.load(std::memory_order_acquire)) eng.waitall();
+          } catch (const std::exception& e) {
+            failures[kThreads] = e.what();
+          }
+        });
+        for (auto& th : threads) th.join();
+        recording.store(false, std::memory_order_release);
+        waiter.join();
+        eng.waitall();
+        for (int t = 0; t <= kThreads; ++t) {
+          CAPTURE(t);
+          CHECK(failures[t] == "");
+        }
+        for (int t = 0; t < kThreads; ++t) CHECK(stale[t] == 0);
+        CHECK(cells->a.load() == static_cast<std::uint64_t>(kThreads) * ops);
+        CHECK(cells->b.load() == static_cast<std::uint64_t>(kThreads) * ops);
+        CHECK(eng.stats().unfinished == 0);
+      }
+    }
+  }
+
   TEST_CASE("Protocol.StreamedNodesRunWithoutAWait" * doctest::timeout(120)) {
     // A frontend that records a burst of independent ready nodes streams:
     // the workers let the queue fill before they take from it. Whatever way

@@ -131,9 +131,9 @@ struct Node {
   bool run_on_failed_input = false;   // [imm] PushOptions::run_on_failed_input
   SmallVector<std::uint64_t, 2> write_sources;  // [imm] PushOptions::write_sources (empty: none)
   bool async_started = false;         // by its runner, before arriving: the function ran
-  // Set once, by the request that gives up the "until requested" count:
-  // under eager by its recorder, before it is published; under the other
-  // policies under the request lock ([req], EngineImpl::request_mu_).
+  // Set once: under eager by push, which counts no "until requested" in
+  // `pending`; under the other policies by the request that gives that
+  // count up, under the request lock ([req], EngineImpl::request_mu_).
   std::atomic<bool> requested{false};
   bool in_unrequested = false;        // [req]
   Node* unreq_prev = nullptr;         // [req] recorded, not yet requested, in record order
@@ -148,9 +148,10 @@ struct Node {
   SmallVector<Node*, 4> succs;        // no refs: a successor is unfinished, hence alive
   SmallVector<Node*, 4> preds;        // one ref each, dropped at completion
 
-  // Unfinished predecessors + 1 until requested + 1 until recorded. The
-  // thread that takes it to 0 (acq_rel) makes the node ready: it has seen
-  // every predecessor's effects, each of which released on this counter.
+  // Unfinished predecessors + 1 until requested (not under eager) + 1
+  // until recorded. The thread that takes it to 0 (acq_rel) makes the node
+  // ready: it has seen every predecessor's effects, each of which released
+  // on this counter.
   std::atomic<std::uint32_t> pending{0};
   std::atomic<std::uint32_t> refs{0};
   std::atomic<NodeState> state{NodeState::kRecorded};

@@ -180,13 +180,10 @@ void EngineImpl::record(Node* n) {
       return;
     }
     case Policy::kEager:
-      // Requested before it is published (the vars' locks are held): no
-      // wait or window ever finds it unrequested. A waitall that flips the
-      // epoch meanwhile waits for it or not; either is right for a push
-      // that races with it.
+      // Requested from the start (push): no wait or window ever finds it
+      // unrequested. A waitall that flips the epoch meanwhile waits for it
+      // or not; either is right for a push that races with it.
       count_recorded(n);
-      n->requested.store(true, std::memory_order_relaxed);
-      n->pending.fetch_sub(1, std::memory_order_relaxed);  // the record guard keeps it above 0
       return;
   }
 }
@@ -334,10 +331,13 @@ void EngineImpl::push(Function fn, std::span<const Var> reads, std::span<const V
   n->write_sources.clear();
   for (std::uint64_t m : options.write_sources) n->write_sources.push_back(m);
   n->async_arrivals.store(0, std::memory_order_relaxed);
-  // One for "not yet recorded" (dropped below, after the lock: the node
-  // cannot become ready while its edges are still being added) and one for
-  // "not yet requested".
-  n->pending.store(2, std::memory_order_relaxed);
+  // One for "not yet recorded" (dropped below, after the vars' locks: the
+  // node cannot become ready while its edges are still being added) and,
+  // except under eager, whose nodes are requested as they are recorded,
+  // one for "not yet requested".
+  const bool eager = options_.policy == Policy::kEager;
+  n->pending.store(eager ? 1 : 2, std::memory_order_relaxed);
+  if (eager) n->requested.store(true, std::memory_order_relaxed);
   for (VarState* s : rs) {
     n->reads.push_back(s);
     if (sdev != nullptr) VarTable::hold(s);

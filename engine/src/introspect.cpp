@@ -130,8 +130,12 @@ std::vector<PendingNode> EngineImpl::pending_nodes() {
     for (const Node* q : n->preds) {
       if (q->state.load(std::memory_order_acquire) != NodeState::kDone) p.preds.push_back(q->seq);
     }
-    for (const VarState* v : n->reads) p.reads.push_back(v->handle);
-    for (const VarState* v : n->writes) p.writes.push_back(v->handle);
+    // A live node's vars are not recycled: their generation is the node's.
+    auto handle = [](const VarState* v) {
+      return Var{v->handle.index, v->generation.load(std::memory_order_relaxed), v->handle.engine};
+    };
+    for (const VarState* v : n->reads) p.reads.push_back(handle(v));
+    for (const VarState* v : n->writes) p.writes.push_back(handle(v));
     out.push_back(std::move(p));
   });
   std::sort(out.begin(), out.end(), [](const PendingNode& a, const PendingNode& b) { return a.id < b.id; });

@@ -77,9 +77,13 @@ class NodeName {
 // var they wait for; the others say what orders them.
 struct VarState {
   SpinLock mu;
-  Var handle;                     // [var] generation 0 while never used
-  bool alive = false;             // [var] false once its deletion is recorded
-  const char* owner = nullptr;    // [var] new_owned_var: only delete_owned_var deletes it
+  Var handle;                     // index and engine, set once (its generation unused)
+  // The generation and liveness of its current var: set by new_var without
+  // the lock (a stale handle's check may read them meanwhile), cleared
+  // (alive) by delete_var under it.
+  std::atomic<std::uint32_t> generation{0};  // 0 while never used
+  std::atomic<bool> alive{false};
+  const char* owner = nullptr;    // new_owned_var: only delete_owned_var deletes it (set by new_var)
   Node* last_writer = nullptr;    // [var] holds a ref; kept after it finishes (its error)
   SmallVector<Node*, 4> readers;  // [var] reads since last_writer, one ref each
   std::uint32_t prune_at = 8;     // [var] readers.size() at which finished readers are dropped

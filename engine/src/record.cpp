@@ -75,7 +75,7 @@ void EngineImpl::delete_var(Var v, bool by_owner) {
       throw InvalidArgument("delete_var: var #" + std::to_string(v.index) + " belongs to " + s->owner +
                             ", which deletes it when its last handle goes");
     }
-    s->alive = false;  // no push or wait takes it after this
+    s->alive.store(false, std::memory_order_relaxed);  // no push or wait takes it after this
   }
   vars_.retire(s);
 }

@@ -61,21 +61,26 @@ class VarTable {
         if (count == kMaxChunks * kChunk) throw Error("new_var: out of var slots");
         if (count % kChunk == 0) dir_[count / kChunk].store(new VarState[kChunk], std::memory_order_release);
         index = count;
-        count_.store(count + 1, std::memory_order_release);  // publishes the chunk to lookups
+        // A slot's index and engine never change: set before the count
+        // publishes the slot.
+        VarState& fresh = slot(index);
+        fresh.handle.index = index;
+        fresh.handle.engine = engine_id_;
+        count_.store(count + 1, std::memory_order_release);  // publishes the chunk and slot to lookups
       }
     }
+    // No lock: a lookup with a stale handle of this slot may compare
+    // generations meanwhile, on atomics, and never reads the rest of a var
+    // whose generation is not its handle's. The var reaches other threads
+    // only through the handle returned here.
     VarState& s = slot(index);
-    // Under the var's lock: a lookup with a stale handle of this slot may
-    // be comparing generations meanwhile.
-    std::lock_guard g(s.mu);
-    s.handle.index = index;
-    s.handle.generation =
-        s.handle.generation == std::numeric_limits<std::uint32_t>::max() ? 1 : s.handle.generation + 1;
-    s.handle.engine = engine_id_;
-    s.alive = true;
+    const std::uint32_t g = s.generation.load(std::memory_order_relaxed);
+    const std::uint32_t next = g == std::numeric_limits<std::uint32_t>::max() ? 1 : g + 1;
     s.owner = owner;
     s.holds.store(1, std::memory_order_relaxed);
-    return s.handle;
+    s.alive.store(true, std::memory_order_relaxed);
+    s.generation.store(next, std::memory_order_release);
+    return Var{index, next, engine_id_};
   }
 
   /// The slot `v` names, live or not; null when this engine never made
@@ -91,8 +96,9 @@ class VarTable {
   void check(const VarState* s, Var v, std::string_view call, std::string_view op = {}) const {
     bool deleted = false;
     if (s != nullptr) {
-      if (s->handle.generation == v.generation && s->alive) return;
-      deleted = v.generation <= s->handle.generation;
+      const std::uint32_t g = s->generation.load(std::memory_order_acquire);
+      if (g == v.generation && s->alive.load(std::memory_order_relaxed)) return;
+      deleted = v.generation <= g;
     }
     std::string where(call);
     if (!op.empty()) where += " '" + std::string(op) + "'";

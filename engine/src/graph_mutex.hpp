@@ -1,4 +1,5 @@
-// The engine's graph lock: a futex mutex that spins briefly before sleeping.
+// The engine's request lock (lazy and naive requests of recorded nodes and
+// the lazy window): a futex mutex that spins briefly before sleeping.
 #pragma once
 
 #include <atomic>
@@ -8,8 +9,9 @@
 
 namespace lazydag::engine::detail {
 
-/// Critical sections under the graph lock are short (O(read + write set)),
-/// so a waiter that spins a little usually gets the lock without sleeping;
+/// Critical sections under it are mostly short (a request, a list
+/// insertion; a lazy wait's walk of its subgraph is the long one), so a
+/// waiter that spins a little usually gets the lock without sleeping;
 /// under real contention it sleeps on a futex. The uncontended lock is one
 /// compare-and-swap and the unlock one exchange, inlined: glibc's adaptive
 /// mutex, called through the PLT, took about 8% of a recorded `x + 1`

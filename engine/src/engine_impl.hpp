@@ -229,7 +229,9 @@ class EngineImpl {
   // streaming ready nodes (schedule.cpp, kStreak), so idle workers let the
   // queue fill. Hints: races only shorten or skip a grace. Both are read
   // by idle workers and written only when they change, on a line of their
-  // own; the streak counter, written by the frontend, on another.
+  // own; the streak counter, written by recording threads (relaxed loads
+  // and stores: with several, an update may be lost, which only shortens
+  // or lengthens a streak), on another.
   alignas(64) std::atomic<bool> pushed_last_{false};
   std::atomic<bool> streaming_{false};
   alignas(64) std::atomic<std::uint32_t> streak_{0};

@@ -79,8 +79,9 @@ struct VarState {
   SpinLock mu;
   Var handle;                     // index and engine, set once (its generation unused)
   // The generation and liveness of its current var: set by new_var without
-  // the lock (a stale handle's check may read them meanwhile), cleared
-  // (alive) by delete_var under it.
+  // the lock, generation first (a stale handle's check may read them
+  // meanwhile, `alive` first: var_table.hpp), `alive` cleared by
+  // delete_var under it.
   std::atomic<std::uint32_t> generation{0};  // 0 while never used
   std::atomic<bool> alive{false};
   const char* owner = nullptr;    // new_owned_var: only delete_owned_var deletes it (set by new_var)
@@ -89,14 +90,14 @@ struct VarState {
   std::uint32_t prune_at = 8;     // [var] readers.size() at which finished readers are dropped
   std::uint32_t next_free = 0;    // free stack link: index + 1 of the next free slot
   // 1 while alive, + 1 per unfinished access by a stream-device node.
-  // Whoever takes it to 0 (the recorder, once the var is dead and the CPU
+  // Whoever takes it to 0 (the var table, once the var is dead and the CPU
   // nodes it names are done; or the completion of the last stream access)
   // frees the slot; nobody else can reach a var that is dead and idle.
   std::atomic<std::uint32_t> holds{0};
   // Written by the running writer, read by running readers of that version:
   // the DAG orders them (a reader starts after its writer's completion
   // released `pending`; the next writer after every reader's). On a cache
-  // line of its own: the running nodes read it while the recorder writes
+  // line of its own: the running nodes read it while recorders write
   // the fields above for the next pushes.
   alignas(64) ErrorPtr poison;
 };

@@ -3,7 +3,7 @@
 // by whichever thread drops a var's last hold.
 //
 // A deleted var keeps its slot until no access is pending. CPU nodes take
-// no hold: the recorder frees the slot of a deleted var once the nodes the
+// no hold: the var table frees the slot of a deleted var once the nodes the
 // var names (its last writer and the readers since) are done, at once or in
 // a later sweep of the deleted vars still busy. Every earlier CPU access is
 // done by then (each is a predecessor of the last writer, or was done when
@@ -69,17 +69,19 @@ class VarTable {
         count_.store(count + 1, std::memory_order_release);  // publishes the chunk and slot to lookups
       }
     }
-    // No lock: a lookup with a stale handle of this slot may compare
-    // generations meanwhile, on atomics, and never reads the rest of a var
-    // whose generation is not its handle's. The var reaches other threads
-    // only through the handle returned here.
+    // No lock: a check with a stale handle of this slot may run meanwhile,
+    // on atomics. The new generation is stored before `alive` (release),
+    // and check() loads `alive` (acquire) before the generation: a check
+    // that sees the new var alive sees its generation too, so a stale
+    // handle never passes, and it never reads the rest of the var. The var
+    // reaches other threads only through the handle returned here.
     VarState& s = slot(index);
     const std::uint32_t g = s.generation.load(std::memory_order_relaxed);
     const std::uint32_t next = g == std::numeric_limits<std::uint32_t>::max() ? 1 : g + 1;
     s.owner = owner;
     s.holds.store(1, std::memory_order_relaxed);
-    s.alive.store(true, std::memory_order_relaxed);
-    s.generation.store(next, std::memory_order_release);
+    s.generation.store(next, std::memory_order_relaxed);
+    s.alive.store(true, std::memory_order_release);
     return Var{index, next, engine_id_};
   }
 
@@ -96,8 +98,10 @@ class VarTable {
   void check(const VarState* s, Var v, std::string_view call, std::string_view op = {}) const {
     bool deleted = false;
     if (s != nullptr) {
-      const std::uint32_t g = s->generation.load(std::memory_order_acquire);
-      if (g == v.generation && s->alive.load(std::memory_order_relaxed)) return;
+      // `alive` first (see create()).
+      const bool alive = s->alive.load(std::memory_order_acquire);
+      const std::uint32_t g = s->generation.load(std::memory_order_relaxed);
+      if (alive && g == v.generation) return;
       deleted = v.generation <= g;
     }
     std::string where(call);

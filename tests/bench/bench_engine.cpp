@@ -484,6 +484,45 @@ int main() {
     }
   }
 
+  // Recording threads: the same pushes from one thread, then split over
+  // two threads on disjoint vars, under the defaults. Each step is an
+  // NDArray op's pattern: a new var written from one of the thread's vars,
+  // read into another, then deleted. The nodes are small (cost_bytes), so
+  // they run where they are recorded and the figure is recording's own
+  // cost. ratio_vs_one_recorder below 1: two threads record the same work
+  // faster than one.
+  {
+    constexpr int kSteps = 50000;
+    auto record_with = [&](int recorders) {
+      Engine eng(defaults);
+      std::vector<std::vector<Var>> own(static_cast<std::size_t>(recorders));
+      for (auto& vs : own) {
+        for (int i = 0; i < 64; ++i) vs.push_back(eng.new_var());
+      }
+      auto body = [&](int t) {
+        const std::vector<Var>& vs = own[static_cast<std::size_t>(t)];
+        for (int i = 0; i < kSteps / recorders; ++i) {
+          const Var tmp = eng.new_var();
+          eng.push([](const RunContext&) {}, {vs[i % 64]}, {tmp}, {.name = "step", .cost_bytes = 8});
+          eng.push([](const RunContext&) {}, {tmp}, {vs[(i + 1) % 64]}, {.name = "step", .cost_bytes = 8});
+          eng.delete_var(tmp);
+        }
+        eng.wait_to_read(vs[0]);
+      };
+      std::vector<std::thread> others;
+      for (int t = 1; t < recorders; ++t) others.emplace_back(body, t);
+      body(0);
+      for (auto& th : others) th.join();
+      eng.waitall();
+    };
+    const auto [one, two] = lazydag::bench::interleaved_median_seconds([&] { record_with(1); },
+                                                                       [&] { record_with(2); });
+    std::printf("bench=engine workload=recorders recorders=1 default=1 ns_per_push=%.1f\n",
+                one / (2.0 * kSteps) * 1e9);
+    std::printf("bench=engine workload=recorders recorders=2 default=1 ns_per_push=%.1f ratio_vs_one_recorder=%.2f\n",
+                two / (2.0 * kSteps) * 1e9, two / one);
+  }
+
   // Overlap: the frontend's host work beside the nodes' backend work. F and
   // C are measured alone (the host spins back to back; the node bodies
   // called inline), T with both; overlap_efficiency = (F + C) / T is 1 when

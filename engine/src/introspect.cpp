@@ -84,9 +84,9 @@ std::string EngineImpl::describe_pending(Node* target) {
       os << ", " << inputs << " input(s) pending";
     }
     os << "; reads";
-    for (const VarState* v : n->reads) os << " v" << v->handle.index;
+    for (const VarState* v : n->reads) os << " v" << v->index;
     os << "; writes";
-    for (const VarState* v : n->writes) os << " v" << v->handle.index;
+    for (const VarState* v : n->writes) os << " v" << v->index;
     os << '\n';
   }
   for (Node* n : nodes) pool_.release(n);
@@ -131,11 +131,8 @@ std::vector<PendingNode> EngineImpl::pending_nodes() {
       if (q->state.load(std::memory_order_acquire) != NodeState::kDone) p.preds.push_back(q->seq);
     }
     // A live node's vars are not recycled: their generation is the node's.
-    auto handle = [](const VarState* v) {
-      return Var{v->handle.index, v->generation.load(std::memory_order_relaxed), v->handle.engine};
-    };
-    for (const VarState* v : n->reads) p.reads.push_back(handle(v));
-    for (const VarState* v : n->writes) p.writes.push_back(handle(v));
+    for (const VarState* v : n->reads) p.reads.push_back(v->handle());
+    for (const VarState* v : n->writes) p.writes.push_back(v->handle());
     out.push_back(std::move(p));
   });
   std::sort(out.begin(), out.end(), [](const PendingNode& a, const PendingNode& b) { return a.id < b.id; });
@@ -161,8 +158,8 @@ void EngineImpl::trace(const Node* n) const {
     e.t_launch_end = n->t_launch_end;
   }
   e.ids.reserve(n->reads.size() + n->writes.size() + n->preds.size());
-  for (const VarState* v : n->reads) e.ids.push_back(v->handle.index);
-  for (const VarState* v : n->writes) e.ids.push_back(v->handle.index);
+  for (const VarState* v : n->reads) e.ids.push_back(v->index);
+  for (const VarState* v : n->writes) e.ids.push_back(v->index);
   for (const Node* p : n->preds) e.ids.push_back(p->seq);
   e.num_reads = static_cast<std::uint16_t>(n->reads.size());
   e.num_writes = static_cast<std::uint16_t>(n->writes.size());

@@ -77,13 +77,18 @@ class NodeName {
 // var they wait for; the others say what orders them.
 struct VarState {
   SpinLock mu;
-  Var handle;                     // index and engine, set once (its generation unused)
+  std::uint32_t index = 0;        // the slot's; set once, with `engine`
+  std::uint32_t engine = 0;
   // The generation and liveness of its current var: set by new_var without
   // the lock, generation first (a stale handle's check may read them
   // meanwhile, `alive` first: var_table.hpp), `alive` cleared by
   // delete_var under it.
   std::atomic<std::uint32_t> generation{0};  // 0 while never used
   std::atomic<bool> alive{false};
+  /// The current var's handle.
+  [[nodiscard]] Var handle() const noexcept {
+    return Var{index, generation.load(std::memory_order_relaxed), engine};
+  }
   const char* owner = nullptr;    // new_owned_var: only delete_owned_var deletes it (set by new_var)
   Node* last_writer = nullptr;    // [var] holds a ref; kept after it finishes (its error)
   SmallVector<Node*, 4> readers;  // [var] reads since last_writer, one ref each

@@ -2,7 +2,7 @@
 // write sets; requests (what may run) and the pending window.
 //
 // There is no recorder lock. A push takes the locks of the vars it names,
-// in slot order (so two pushes sharing vars are ordered the same way on
+// in address order (so two pushes sharing vars are ordered the same way on
 // each, and cannot deadlock), and holds them while it links its node and
 // makes it the vars' last writer or a reader: pushes on disjoint vars do
 // not wait for each other, and a wait takes only the lock of the var it
@@ -274,25 +274,29 @@ void EngineImpl::push(Function fn, std::span<const Var> reads, std::span<const V
   const bool in_op = tls_running_engine == this;
   if (!in_op) drain_graveyard();
   // The vars' locks, then validate everything before touching the graph:
-  // bad input records nothing.
+  // bad input records nothing. slots: each handle's slot (writes, then
+  // reads), null when this engine never made it.
+  SmallVector<VarState*, 8> slots;
   VarLocks locks;
-  for (Var v : writes) {
-    if (VarState* s = vars_.lookup(v)) locks.add(s);
-  }
-  for (Var v : reads) {
-    if (VarState* s = vars_.lookup(v)) locks.add(s);
+  for (std::span<const Var> set : {writes, reads}) {
+    for (Var v : set) {
+      VarState* s = vars_.lookup(v);
+      slots.push_back(s);
+      if (s != nullptr) locks.add(s);
+    }
   }
   locks.lock_all();
   SmallVector<VarState*, 8> ws;
   SmallVector<VarState*, 8> rs;
   SmallVector<VarState*, 8> pure_reads;
+  VarState* const* slot = slots.begin();
   for (Var v : writes) {
-    VarState* s = vars_.lookup(v);
+    VarState* s = *slot++;
     vars_.check(s, v, "push (write set) of", name);
     if (!ws.contains(s)) ws.push_back(s);
   }
   for (Var v : reads) {
-    VarState* s = vars_.lookup(v);
+    VarState* s = *slot++;
     vars_.check(s, v, "push (read set) of", name);
     if (rs.contains(s)) continue;
     rs.push_back(s);

@@ -64,8 +64,8 @@ class VarTable {
         // A slot's index and engine never change: set before the count
         // publishes the slot.
         VarState& fresh = slot(index);
-        fresh.handle.index = index;
-        fresh.handle.engine = engine_id_;
+        fresh.index = index;
+        fresh.engine = engine_id_;
         count_.store(count + 1, std::memory_order_release);  // publishes the chunk and slot to lookups
       }
     }
@@ -120,9 +120,9 @@ class VarTable {
   /// var's lock held).
   static void hold(VarState* s) noexcept { s->holds.fetch_add(1, std::memory_order_relaxed); }
 
-  /// Deletes a live var: its lock held, and `alive` cleared under it by the
-  /// caller, so no recorder or wait reaches it again; its slot is freed once
-  /// no access is pending.
+  /// Deletes a var whose `alive` the caller cleared under its lock (no
+  /// recorder or wait reaches it again): its slot is freed once no access
+  /// is pending.
   void retire(VarState* s) {
     std::lock_guard g(mu_);
     if (idle(s)) {
@@ -159,7 +159,7 @@ class VarTable {
     std::uint32_t head = returned_.load(std::memory_order_relaxed);
     do {
       s->next_free = head;
-    } while (!returned_.compare_exchange_weak(head, s->handle.index + 1, std::memory_order_release,
+    } while (!returned_.compare_exchange_weak(head, s->index + 1, std::memory_order_release,
                                               std::memory_order_relaxed));
   }
 
@@ -183,7 +183,7 @@ class VarTable {
     if (s->holds.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
     clear(s);
     s->next_free = free_;
-    free_ = s->handle.index + 1;
+    free_ = s->index + 1;
   }
 
   // Dead (the liveness hold is gone) and idle: nobody else can reach it.

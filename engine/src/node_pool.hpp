@@ -1,8 +1,16 @@
-// Node storage: blocks of nodes recycled through a free list, so recording
-// allocates nothing in the steady state. Any thread may drop the last
-// reference to a node; recorders take nodes out under the pool's lock.
+// Node storage: blocks of nodes recycled through free lists, so recording
+// allocates nothing in the steady state. Each thread keeps a cache of free
+// nodes in its thread slot (thread_slot.hpp): a node it recycles goes
+// there, and it records with nodes from there, so a thread that both
+// records and runs its nodes (small nodes run where they are recorded)
+// touches no line another thread writes to recycle one. A cache that runs
+// dry takes kBatch nodes from the shared free list under the pool's lock;
+// one that grows past 2 * kBatch (a worker recycles what a recorder
+// takes) gives kBatch back with one CAS. Threads without a slot use the
+// shared list a node at a time.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -11,6 +19,7 @@
 
 #include "node.hpp"
 #include "sync.hpp"
+#include "thread_slot.hpp"
 
 namespace lazydag::engine::detail {
 
@@ -22,30 +31,14 @@ class NodePool {
 
   /// A clean node with no references. Any thread.
   Node* alloc() {
-    std::lock_guard g(mu_);
-    if (local_ == nullptr) {
-      // Take every returned node at once: a single consumer that exchanges
-      // the whole stack has no ABA problem (pushers only CAS the head).
-      local_ = returned_.exchange(nullptr, std::memory_order_acquire);
-    }
-    if (local_ == nullptr) {
-      auto block = std::make_unique<Node[]>(kBlock);
-      for (std::uint32_t i = 0; i < kBlock; ++i) {
-        block[i].free_next = local_;
-        local_ = &block[i];
-      }
-      blocks_.push_back(std::move(block));
-    }
-    Node* n = local_;
-    local_ = n->free_next;
-    if (local_ != nullptr) {
-      // The next node is most likely on another core's cache (the worker
-      // that completed it): ask for its lines now, for writing, so they
-      // arrive while this node is recorded instead of stalling the next
-      // push.
-      const char* p = reinterpret_cast<const char*>(local_);
-      for (std::size_t off = 0; off < sizeof(Node); off += 64) __builtin_prefetch(p + off, 1, 3);
-    }
+    const int t = thread_slot();
+    if (t < 0) return alloc_shared();
+    Cache& c = caches_[static_cast<std::size_t>(t)];
+    if (c.head == nullptr) refill(c);
+    Node* n = c.head;
+    c.head = n->free_next;
+    --c.count;
+    if (c.head != nullptr) prefetch(c.head);
     return n;
   }
 
@@ -68,15 +61,89 @@ class NodePool {
     // acq_rel: every access made under a reference happens before the reset.
     if (n->refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
     reset(n);
-    Node* head = returned_.load(std::memory_order_relaxed);
-    do {
-      n->free_next = head;
-    } while (!returned_.compare_exchange_weak(head, n, std::memory_order_release,
-                                              std::memory_order_relaxed));
+    const int t = thread_slot();
+    if (t < 0) {
+      give_back(n, n);
+      return;
+    }
+    Cache& c = caches_[static_cast<std::size_t>(t)];
+    n->free_next = c.head;
+    c.head = n;
+    if (++c.count > 2 * kBatch) {
+      // The oldest half would do as well; the first kBatch are at hand.
+      Node* last = c.head;
+      for (std::uint32_t i = 1; i < kBatch; ++i) last = last->free_next;
+      Node* first = c.head;
+      c.head = last->free_next;
+      c.count -= kBatch;
+      give_back(first, last);
+    }
   }
 
  private:
   static constexpr std::uint32_t kBlock = 256;
+  static constexpr std::uint32_t kBatch = 32;
+
+  // One thread's free nodes: only the thread holding the slot touches it.
+  struct alignas(64) Cache {
+    Node* head = nullptr;
+    std::uint32_t count = 0;
+  };
+
+  // The node is most likely on another core's cache (the worker that
+  // completed it): ask for its lines now, for writing, so they arrive while
+  // the node before it is recorded instead of stalling the next push.
+  static void prefetch(const Node* n) noexcept {
+    const char* p = reinterpret_cast<const char*>(n);
+    for (std::size_t off = 0; off < sizeof(Node); off += 64) __builtin_prefetch(p + off, 1, 3);
+  }
+
+  // Up to kBatch nodes into an empty cache, from the shared list (or new).
+  void refill(Cache& c) {
+    std::lock_guard g(mu_);
+    for (std::uint32_t i = 0; i < kBatch; ++i) {
+      Node* n = take_locked();
+      n->free_next = c.head;
+      c.head = n;
+      ++c.count;
+    }
+  }
+
+  // The chain first..last (linked by free_next) onto the shared list.
+  void give_back(Node* first, Node* last) noexcept {
+    Node* head = returned_.load(std::memory_order_relaxed);
+    do {
+      last->free_next = head;
+    } while (!returned_.compare_exchange_weak(head, first, std::memory_order_release,
+                                              std::memory_order_relaxed));
+  }
+
+  Node* alloc_shared() {
+    std::lock_guard g(mu_);
+    Node* n = take_locked();
+    if (local_ != nullptr) prefetch(local_);
+    return n;
+  }
+
+  // mu_ held.
+  Node* take_locked() {
+    if (local_ == nullptr) {
+      // Take every returned node at once: a single consumer that exchanges
+      // the whole stack has no ABA problem (pushers only CAS the head).
+      local_ = returned_.exchange(nullptr, std::memory_order_acquire);
+    }
+    if (local_ == nullptr) {
+      auto block = std::make_unique<Node[]>(kBlock);
+      for (std::uint32_t i = 0; i < kBlock; ++i) {
+        block[i].free_next = local_;
+        local_ = &block[i];
+      }
+      blocks_.push_back(std::move(block));
+    }
+    Node* n = local_;
+    local_ = n->free_next;
+    return n;
+  }
 
   static void reset(Node* n) noexcept {
     // fn was reset when the node ran; edge lists were emptied at completion.
@@ -105,12 +172,13 @@ class NodePool {
     n->waits.clear();
   }
 
-  // Taken only to take nodes out (and to list them): a leaf lock, held
-  // for a few instructions.
+  // Taken only to take nodes out of the shared list (and to list them): a
+  // leaf lock, held for a few instructions.
   SpinLock mu_;
   std::vector<std::unique_ptr<Node[]>> blocks_;  // mu_
   Node* local_ = nullptr;                        // mu_
   alignas(64) std::atomic<Node*> returned_{nullptr};  // recycled nodes, pushed by any thread (a line of its own)
+  std::array<Cache, kThreadSlots> caches_{};            // [slot]
 };
 
 }  // namespace lazydag::engine::detail

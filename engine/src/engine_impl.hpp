@@ -114,6 +114,7 @@ class EngineImpl {
   // it in the lazy window. The vars' locks held.
   void record(Node* n);
   void count_recorded(Node* n);
+  std::uint64_t next_seq(std::uint64_t after) noexcept;
   // Request lock held (or, eager, n not yet published). With `batch`, a
   // node made ready is collected there instead of queued at once.
   void request(Node* n, ReadyBatch* batch = nullptr);
@@ -200,7 +201,13 @@ class EngineImpl {
   alignas(64) mutable GraphMutex request_mu_;
   NodePool pool_;
   VarTable vars_{pool_, static_cast<std::uint32_t>(profile_id_)};
-  alignas(64) std::atomic<std::uint64_t> next_seq_{1};  // record order
+  // Record clocks (next_seq): one per thread slot, written only by the
+  // slot's thread; threads without a slot share the atomic.
+  struct alignas(64) SlotClock {
+    std::uint64_t value = 0;
+  };
+  std::array<SlotClock, kThreadSlots> clocks_{};
+  alignas(64) std::atomic<std::uint64_t> shared_clock_{0};
   Node* unreq_head_ = nullptr;       // request lock: the lazy window, record order
   Node* unreq_tail_ = nullptr;
   std::size_t unreq_count_ = 0;

@@ -17,6 +17,7 @@
 
 #include "small_vector.hpp"
 #include "sync.hpp"
+#include "thread_slot.hpp"
 
 namespace lazydag::engine::detail {
 
@@ -75,6 +76,11 @@ class NodeName {
 // Fields marked [var] belong to the var's lock `mu`: recorders take the
 // locks of every var a push names (in slot order), waits the lock of the
 // var they wait for; the others say what orders them.
+// A node's seq is its record clock shifted left by this, or'ed with its
+// recording thread's slot (kThreadSlots for a thread without one).
+inline constexpr int kSeqSlotBits = 7;
+static_assert(kThreadSlots < (1 << kSeqSlotBits));
+
 struct VarState {
   SpinLock mu;
   std::uint32_t index = 0;        // the slot's; set once, with `engine`
@@ -93,6 +99,7 @@ struct VarState {
   Node* last_writer = nullptr;    // [var] holds a ref; kept after it finishes (its error)
   SmallVector<Node*, 4> readers;  // [var] reads since last_writer, one ref each
   std::uint32_t prune_at = 8;     // [var] readers.size() at which finished readers are dropped
+  std::uint64_t clock = 0;        // [var] the largest record clock of a node that named it (seq >> kSeqSlotBits)
   std::uint32_t next_free = 0;    // free stack link: index + 1 of the next free slot
   // 1 while alive, + 1 per unfinished access by a stream-device node.
   // Whoever takes it to 0 (the var table, once the var is dead and the CPU
@@ -129,7 +136,7 @@ struct Node {
   SmallVector<VarState*, 4> reads;    // [imm] every var read, read-modify-writes included
   SmallVector<VarState*, 4> writes;   // [imm]
   NodeName name;                      // [imm]
-  std::uint64_t seq = 0;              // [imm] record order, unique per engine
+  std::uint64_t seq = 0;              // [imm] unique per engine, > its predecessors' and its thread's earlier nodes' (EngineImpl::next_seq)
   Device device;                      // [imm]
   int priority = 0;                   // [imm]
   StreamDevice* sdev = nullptr;       // [imm] null: runs on a CPU worker

@@ -208,7 +208,7 @@ struct EngineStats {
 
 /// One unfinished node as seen by pending_nodes().
 struct PendingNode {
-  std::uint64_t id = 0;  ///< record order, unique per engine
+  std::uint64_t id = 0;  ///< unique per engine; larger than its predecessors' ids and than those of the nodes its thread recorded before it
   std::string name;
   Device device;
   int priority = 0;

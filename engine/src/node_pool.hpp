@@ -4,10 +4,10 @@
 // there, and it records with nodes from there, so a thread that both
 // records and runs its nodes (small nodes run where they are recorded)
 // touches no line another thread writes to recycle one. A cache that runs
-// dry takes kBatch nodes from the shared free list under the pool's lock;
-// one that grows past 2 * kBatch (a worker recycles what a recorder
-// takes) gives kBatch back with one CAS. Threads without a slot use the
-// shared list a node at a time.
+// dry takes a whole shared free list at once; one that grows past
+// 2 * kBatch (a worker recycles what a recorder takes) gives kBatch back
+// with one CAS. Threads without a slot use the shared lists a node at a
+// time.
 #pragma once
 
 #include <array>
@@ -34,10 +34,10 @@ class NodePool {
     const int t = thread_slot();
     if (t < 0) return alloc_shared();
     Cache& c = caches_[static_cast<std::size_t>(t)];
-    if (c.head == nullptr) refill(c);
+    if (c.head == nullptr) c.head = refill();
     Node* n = c.head;
     c.head = n->free_next;
-    --c.count;
+    if (c.count != 0) --c.count;
     if (c.head != nullptr) prefetch(c.head);
     return n;
   }
@@ -85,6 +85,8 @@ class NodePool {
   static constexpr std::uint32_t kBatch = 32;
 
   // One thread's free nodes: only the thread holding the slot touches it.
+  // `count`: nodes recycled here and not taken out since (at most the
+  // list's length; a list taken whole by refill() is not counted).
   struct alignas(64) Cache {
     Node* head = nullptr;
     std::uint32_t count = 0;
@@ -98,15 +100,29 @@ class NodePool {
     for (std::size_t off = 0; off < sizeof(Node); off += 64) __builtin_prefetch(p + off, 1, 3);
   }
 
-  // Up to kBatch nodes into an empty cache, from the shared list (or new).
-  void refill(Cache& c) {
+  // A whole list of free nodes for an empty cache, taken without walking
+  // it (its nodes are likely in other cores' caches: alloc() prefetches
+  // them one at a time, while the node before is recorded): the return
+  // stack (any thread may take it all with one exchange, and pushers only
+  // CAS the head, so there is no ABA problem), else the lock holder's
+  // list, else a new block.
+  Node* refill() {
+    if (Node* all = returned_.exchange(nullptr, std::memory_order_acquire); all != nullptr) return all;
     std::lock_guard g(mu_);
-    for (std::uint32_t i = 0; i < kBatch; ++i) {
-      Node* n = take_locked();
-      n->free_next = c.head;
-      c.head = n;
-      ++c.count;
+    if (local_ == nullptr) add_block();
+    Node* all = local_;
+    local_ = nullptr;
+    return all;
+  }
+
+  // mu_ held: a new block onto local_.
+  void add_block() {
+    auto block = std::make_unique<Node[]>(kBlock);
+    for (std::uint32_t i = 0; i < kBlock; ++i) {
+      block[i].free_next = local_;
+      local_ = &block[i];
     }
+    blocks_.push_back(std::move(block));
   }
 
   // The chain first..last (linked by free_next) onto the shared list.
@@ -132,14 +148,7 @@ class NodePool {
       // the whole stack has no ABA problem (pushers only CAS the head).
       local_ = returned_.exchange(nullptr, std::memory_order_acquire);
     }
-    if (local_ == nullptr) {
-      auto block = std::make_unique<Node[]>(kBlock);
-      for (std::uint32_t i = 0; i < kBlock; ++i) {
-        block[i].free_next = local_;
-        local_ = &block[i];
-      }
-      blocks_.push_back(std::move(block));
-    }
+    if (local_ == nullptr) add_block();
     Node* n = local_;
     local_ = n->free_next;
     return n;

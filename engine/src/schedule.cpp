@@ -467,12 +467,11 @@ Node* EngineImpl::complete(Node* n, Bypass bypass) {
     for (VarState* v : n->reads) vars_.drop(v);
     for (VarState* v : n->writes) vars_.drop(v);
   }
-  // seq_cst: a waitall registers (waiters_) and then compares the counts.
-  // Only then is the recorded count read (the recorder's cache line): the
-  // completion that makes the counts equal wakes it.
-  const std::int64_t completed = counts_.completed(n->epoch, n->cost_bytes);
-  const bool epoch_drained = waiters_.any_waitall() &&
-                             completed == counts_.recorded_in(n->epoch);
+  // seq_cst: a waitall registers (waiters_) and then sums the counts. Only
+  // then are the other threads' counts summed (their cache lines): the
+  // completion that drains the epoch wakes it (pending_counts.hpp).
+  counts_.completed(n->epoch, n->cost_bytes);
+  const bool epoch_drained = waiters_.any_waitall() && counts_.unfinished_in(n->epoch) == 0;
   if (n->waiters.load(std::memory_order_seq_cst) != 0 ||
       epoch_drained ||
       (waiters_.any_throttled() && !counts_.over_window(1))) {

@@ -199,7 +199,7 @@ struct EngineStats {
   std::uint64_t nodes_launched = 0;  ///< nodes enqueued on a stream device
   std::uint64_t in_flight_stalls = 0;  ///< ready stream nodes held back by the run-ahead bound
   std::size_t unfinished = 0;       ///< recorded and not yet done
-  std::size_t peak_unfinished = 0;  ///< most unfinished, sampled every 64 records and at each window check
+  std::size_t peak_unfinished = 0;  ///< most unfinished, sampled every 64 records of each recording thread and at each window check
   std::uint64_t blocking_waits = 0;  ///< blocking calls of every kind
   /// Blocking calls by kind (index: BlockingCall).
   std::array<std::uint64_t, kBlockingCallKinds> blocking_calls{};

@@ -1,6 +1,7 @@
-// The var table: slots for engine variables, handed out under the table's
-// own lock, looked up without one and checked under the var's lock, freed
-// by whichever thread drops a var's last hold.
+// The var table: slots for engine variables, handed out from a cache per
+// thread slot (refilled from a lock-free return stack, else under the
+// table's own lock), looked up without a lock and checked under the var's
+// lock, freed by whichever thread drops a var's last hold into its cache.
 //
 // A deleted var keeps its slot until no access is pending. CPU nodes take
 // no hold: the var table frees the slot of a deleted var once the nodes the
@@ -20,6 +21,7 @@
 #include <lazydag/engine/error.hpp>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <limits>
@@ -32,6 +34,7 @@
 #include "node.hpp"
 #include "node_pool.hpp"
 #include "sync.hpp"
+#include "thread_slot.hpp"
 
 namespace lazydag::engine::detail {
 
@@ -50,24 +53,22 @@ class VarTable {
   /// A new live var (one hold: its liveness). Any thread.
   Var create(const char* owner = nullptr) {
     std::uint32_t index = 0;
-    {
-      std::lock_guard g(mu_);
-      if (free_ == 0) free_ = returned_.exchange(0, std::memory_order_acquire);
-      if (free_ != 0) {
-        index = free_ - 1;
-        free_ = slot(index).next_free;
+    const int t = thread_slot();
+    if (t >= 0) {
+      // The thread's cache first; when dry, the whole return stack (any
+      // thread may take it all with one exchange: pushers only CAS the
+      // head, so there is no ABA problem), else the locked path.
+      Cache& c = caches_[static_cast<std::size_t>(t)];
+      if (c.head == 0) c.head = returned_.exchange(0, std::memory_order_acquire);
+      if (c.head != 0) {
+        index = c.head - 1;
+        c.head = slot(index).next_free;
+        if (c.count != 0) --c.count;
       } else {
-        const std::uint32_t count = count_.load(std::memory_order_relaxed);
-        if (count == kMaxChunks * kChunk) throw Error("new_var: out of var slots");
-        if (count % kChunk == 0) dir_[count / kChunk].store(new VarState[kChunk], std::memory_order_release);
-        index = count;
-        // A slot's index and engine never change: set before the count
-        // publishes the slot.
-        VarState& fresh = slot(index);
-        fresh.index = index;
-        fresh.engine = engine_id_;
-        count_.store(count + 1, std::memory_order_release);  // publishes the chunk and slot to lookups
+        index = take_locked();
       }
+    } else {
+      index = take_locked();
     }
     // No lock: a check with a stale handle of this slot may run meanwhile,
     // on atomics. The new generation is stored before `alive` (release),
@@ -124,6 +125,13 @@ class VarTable {
   /// recorder or wait reaches it again): its slot is freed once no access
   /// is pending.
   void retire(VarState* s) {
+    // Dead, so idle() needs no lock; a var whose nodes are done (small
+    // nodes run where recorded, or finished long ago) is freed without the
+    // table's lock.
+    if (idle(s)) {
+      drop(s);
+      return;
+    }
     std::lock_guard g(mu_);
     if (idle(s)) {
       drop_here(s);  // the liveness hold; the last stream access frees it if one is pending
@@ -152,18 +160,69 @@ class VarTable {
     return true;
   }
 
-  /// Drops a hold; the last one frees the slot. Any thread.
+  /// Drops a hold; the last one frees the slot, into the thread's cache
+  /// (past 2 * kBatch, kBatch of them go to the return stack). Any thread.
   void drop(VarState* s) noexcept {
     if (s->holds.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
     clear(s);
-    std::uint32_t head = returned_.load(std::memory_order_relaxed);
-    do {
-      s->next_free = head;
-    } while (!returned_.compare_exchange_weak(head, s->index + 1, std::memory_order_release,
-                                              std::memory_order_relaxed));
+    const int t = thread_slot();
+    if (t < 0) {
+      give_back(s->index + 1, s);
+      return;
+    }
+    Cache& c = caches_[static_cast<std::size_t>(t)];
+    s->next_free = c.head;
+    c.head = s->index + 1;
+    if (++c.count > 2 * kBatch) {
+      VarState* last = s;
+      for (std::uint32_t i = 1; i < kBatch; ++i) last = &slot(last->next_free - 1);
+      const std::uint32_t first = c.head;
+      c.head = last->next_free;
+      c.count -= kBatch;
+      give_back(first, last);
+    }
   }
 
  private:
+  static constexpr std::uint32_t kBatch = 32;
+
+  // One thread's free slots (index + 1, linked by next_free): only the
+  // thread holding the slot touches it. `count`: slots freed here and not
+  // taken out since (a stack taken whole is not counted).
+  struct alignas(64) Cache {
+    std::uint32_t head = 0;
+    std::uint32_t count = 0;
+  };
+
+  // The chain first .. last (linked by next_free) onto the return stack.
+  void give_back(std::uint32_t first, VarState* last) noexcept {
+    std::uint32_t head = returned_.load(std::memory_order_relaxed);
+    do {
+      last->next_free = head;
+    } while (!returned_.compare_exchange_weak(head, first, std::memory_order_release, std::memory_order_relaxed));
+  }
+
+  // A slot from the lock holder's list, the return stack or a new chunk.
+  std::uint32_t take_locked() {
+    std::lock_guard g(mu_);
+    if (free_ == 0) free_ = returned_.exchange(0, std::memory_order_acquire);
+    if (free_ != 0) {
+      const std::uint32_t index = free_ - 1;
+      free_ = slot(index).next_free;
+      return index;
+    }
+    const std::uint32_t count = count_.load(std::memory_order_relaxed);
+    if (count == kMaxChunks * kChunk) throw Error("new_var: out of var slots");
+    if (count % kChunk == 0) dir_[count / kChunk].store(new VarState[kChunk], std::memory_order_release);
+    // A slot's index and engine never change: set before the count
+    // publishes the slot.
+    VarState& fresh = slot(count);
+    fresh.index = count;
+    fresh.engine = engine_id_;
+    count_.store(count + 1, std::memory_order_release);  // publishes the chunk and slot to lookups
+    return count;
+  }
+
   void sweep_locked() noexcept {
     std::size_t kept = 0;
     for (VarState* s : busy_) {
@@ -209,13 +268,15 @@ class VarTable {
   const std::uint32_t engine_id_;                       // stamped on every handle
   const std::unique_ptr<std::atomic<VarState*>[]> dir_;  // chunk pointers, set once each under mu_
   std::atomic<std::uint32_t> count_{0};                 // slots handed out ever (written under mu_)
-  // Creation, deletion and the free lists: a leaf lock of its own, taken
-  // by no push.
+  // The lock holder's free list, fresh slots and the deleted vars still
+  // busy: a leaf lock of its own, taken by no push, and by new_var and
+  // delete_var only when the thread's cache is dry or the var is busy.
   SpinLock mu_;
   std::uint32_t free_ = 0;                  // mu_: index + 1
   std::atomic<std::uint32_t> returned_{0};  // freed slots, pushed by any thread
   std::vector<VarState*> busy_;             // mu_: deleted, accesses pending
   std::size_t sweep_at_ = kMinSweep;        // mu_
+  std::array<Cache, kThreadSlots> caches_{};  // [thread slot]
 };
 
 }  // namespace lazydag::engine::detail

@@ -13,6 +13,8 @@
 #include <exception>
 #include <memory>
 #include <random>
+#include <set>
+#include <span>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -510,6 +512,98 @@ TEST_SUITE("engine") {
         CHECK(cells->a.load() == static_cast<std::uint64_t>(kThreads) * ops);
         CHECK(cells->b.load() == static_cast<std::uint64_t>(kThreads) * ops);
         CHECK(eng.stats().unfinished == 0);
+      }
+    }
+  }
+
+  TEST_CASE("Protocol.MoreRecordingThreadsThanThreadSlots" * doctest::timeout(240)) {
+    // Free nodes and var slots, record clocks and counts are kept per
+    // thread slot, and there are 64 slots. 72 threads record at once (each
+    // has made a var before any starts its steps, so at least 8 of them
+    // have no slot and take the shared paths), then exit, and 72 more do
+    // the same on the same engine, taking over the first threads' slots
+    // and what is cached under them. Each step is an NDArray op's pattern:
+    // a temporary written from the thread's var, the var written back from
+    // it, the temporary deleted. While they record, node ids must be unique
+    // and larger than their predecessors'.
+    constexpr int kThreads = 72;
+    const int steps = std::getenv("LAZYDAG_DIFF_SEEDS") != nullptr ? 60 : 200;
+    for (const auto& cfg : test::all_configs()) {
+      for (std::size_t window : {std::size_t{8}, std::size_t{16384}}) {
+        CAPTURE(cfg.str());
+        CAPTURE(window);
+        Engine eng(cfg.options(window));
+        const Var shared = eng.new_var();
+        eng.push([](const RunContext&) {}, {}, {shared}, {.name = "init"});
+        std::uint64_t pushes = 1;
+        for (int round = 0; round < 2; ++round) {
+          CAPTURE(round);
+          std::vector<std::string> failures(kThreads);
+          std::vector<std::uint64_t> finals(kThreads, 0);
+          std::atomic<int> ready{0};
+          std::atomic<bool> go{false};
+          std::atomic<int> finished{0};
+          std::vector<std::thread> threads;
+          for (int t = 0; t < kThreads; ++t) {
+            threads.emplace_back([&, t] {
+              try {
+                const Var own = eng.new_var();
+                auto value = std::make_shared<std::uint64_t>(0);
+                ready.fetch_add(1);
+                while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+                for (int i = 0; i < steps; ++i) {
+                  const Var tmp = eng.new_var();
+                  auto cell = std::make_shared<std::uint64_t>(0);
+                  // Half the threads also read a var they all share.
+                  const std::vector<Var> reads = t % 2 == 0 ? std::vector<Var>{own, shared} : std::vector<Var>{own};
+                  const Var writes[] = {tmp};
+                  eng.push([value, cell](const RunContext&) { *cell = *value + 1; }, std::span<const Var>(reads),
+                           std::span<const Var>(writes), {.name = "up", .cost_bytes = 8});
+                  eng.push([value, cell](const RunContext&) { *value = *cell; }, {tmp}, {own},
+                           {.name = "back", .cost_bytes = 8});
+                  eng.delete_var(tmp);
+                  if (i % 50 == 49) {
+                    eng.wait_to_read(own);
+                    if (*value != static_cast<std::uint64_t>(i) + 1) throw std::runtime_error("stale read");
+                  }
+                }
+                eng.wait_to_read(own);
+                finals[static_cast<std::size_t>(t)] = *value;
+                eng.delete_var(own);
+              } catch (const std::exception& e) {
+                failures[static_cast<std::size_t>(t)] = e.what();
+              }
+              finished.fetch_add(1, std::memory_order_release);
+            });
+          }
+          while (ready.load() < kThreads) std::this_thread::yield();
+          go.store(true, std::memory_order_release);
+          // Ids while the threads record: unique, and past their predecessors'.
+          int duplicate_ids = 0;
+          int preds_after = 0;
+          for (int look = 0; look < 24 && finished.load(std::memory_order_acquire) < kThreads; ++look) {
+            const auto pending = eng.pending_nodes();
+            std::set<std::uint64_t> ids;
+            for (const auto& n : pending) {
+              duplicate_ids += ids.insert(n.id).second ? 0 : 1;
+              for (std::uint64_t p : n.preds) preds_after += p < n.id ? 0 : 1;
+            }
+          }
+          CHECK(duplicate_ids == 0);
+          CHECK(preds_after == 0);
+          for (auto& th : threads) th.join();
+          for (int t = 0; t < kThreads; ++t) {
+            CAPTURE(t);
+            CHECK(failures[static_cast<std::size_t>(t)] == "");
+            CHECK(finals[static_cast<std::size_t>(t)] == static_cast<std::uint64_t>(steps));
+          }
+          pushes += static_cast<std::uint64_t>(kThreads) * steps * 2;
+        }
+        eng.waitall();
+        const EngineStats st = eng.stats();
+        CHECK(st.nodes_recorded == pushes);
+        CHECK(st.nodes_run == pushes);
+        CHECK(st.unfinished == 0);
       }
     }
   }

@@ -156,6 +156,7 @@ struct Node {
   Node* unreq_prev = nullptr;         // [req] recorded, not yet requested, in record order
   Node* unreq_next = nullptr;
   Node* free_next = nullptr;          // node pool (its lock)
+  int home = -1;                      // node pool: the thread slot that took it from its cache and, if it ran, ran it (-1: none)
 
   // Guarded by `lock`: the successor list (appended by recorders, consumed
   // once by the completion) and the predecessor list (appended by the

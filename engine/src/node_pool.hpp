@@ -1,9 +1,10 @@
 // Node storage: blocks of nodes recycled through free lists, so recording
 // allocates nothing in the steady state. Each thread keeps a cache of free
 // nodes in its thread slot (thread_slot.hpp): a node it recycles goes
-// there, and it records with nodes from there, so a thread that both
-// records and runs its nodes (small nodes run where they are recorded)
-// touches no line another thread writes to recycle one. A cache that runs
+// there if it took it from there and ran it, and it records with nodes
+// from there, so a thread that both records and runs its nodes (small
+// nodes run where they are recorded) touches no line another thread writes
+// to recycle one. A cache that runs
 // dry takes a whole shared free list at once; one that grows past
 // 2 * kBatch (a worker recycles what a recorder takes) gives kBatch back
 // with one CAS. Threads without a slot use the shared lists a node at a
@@ -37,6 +38,7 @@ class NodePool {
     if (c.head == nullptr) c.head = refill();
     Node* n = c.head;
     c.head = n->free_next;
+    n->home = t;
     if (c.count != 0) --c.count;
     if (c.head != nullptr) prefetch(c.head);
     return n;
@@ -56,13 +58,30 @@ class NodePool {
   /// lock that keeps the node from completing).
   static void retain(Node* n) noexcept { n->refs.fetch_add(1, std::memory_order_relaxed); }
 
+  /// A node run by a thread other than the one that took it out: it
+  /// will not go back to that thread's cache (release()). Called by the
+  /// thread about to run it.
+  static void ran_here(Node* n) noexcept {
+    if (n->home >= 0 && n->home != thread_slot()) n->home = -1;
+  }
+
   /// Drops one reference; the last one recycles the node. Any thread.
+  /// Into the thread's cache only when this thread took it from there and
+  /// ran it (or it never ran): a thread that records small nodes and runs
+  /// them itself recycles them without touching a shared line. Any other
+  /// node goes to the shared stack. (Caching every node where its last
+  /// reference was dropped made bench_engine's fan 40% slower: there the
+  /// recording thread drops the last references of the nodes the workers
+  /// ran, when it links the next writers of their vars; perf showed the
+  /// time in link's reference drops and in the workers' idle spin, not
+  /// why.)
   void release(Node* n) noexcept {
     // acq_rel: every access made under a reference happens before the reset.
     if (n->refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    const int home = n->home;
     reset(n);
     const int t = thread_slot();
-    if (t < 0) {
+    if (t < 0 || home != t) {
       give_back(n, n);
       return;
     }
@@ -137,6 +156,7 @@ class NodePool {
   Node* alloc_shared() {
     std::lock_guard g(mu_);
     Node* n = take_locked();
+    n->home = -1;
     if (local_ != nullptr) prefetch(local_);
     return n;
   }

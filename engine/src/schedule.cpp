@@ -272,6 +272,7 @@ void EngineImpl::run_chain(Node* n, int worker, Bypass bypass) {
 }
 
 void EngineImpl::run_node(Node* n, int worker) {
+  NodePool::ran_here(n);
   if (n->sdev == nullptr) {
     execute(n, RunContext{n->device, nullptr, worker, -1, nullptr, {}});
   } else {

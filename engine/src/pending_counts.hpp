@@ -109,8 +109,8 @@ class PendingCounts {
   /// The same from the recording thread's estimate (see the file comment):
   /// reloads it only when it is past the window.
   bool recorder_over_window(std::size_t factor) noexcept {
-    if (thread_slot() < 0) return over_window(factor);  // the shared shard keeps no copies
     Shard& s = mine();
+    if (&s == &shards_[kShared]) return over_window(factor);  // the shared shard keeps no copies
     auto over = [&] {
       const std::int64_t own = s.rec[0].load(std::memory_order_relaxed) + s.rec[1].load(std::memory_order_relaxed);
       const std::size_t own_bytes = s.rec_bytes.load(std::memory_order_relaxed);

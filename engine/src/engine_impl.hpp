@@ -21,12 +21,12 @@
 #include "device_table.hpp"
 #include "errors.hpp"
 #include "event_count.hpp"
-#include "graph_mutex.hpp"
 #include "graveyard.hpp"
 #include "node.hpp"
 #include "node_pool.hpp"
 #include "pending_counts.hpp"
 #include "ready_queue.hpp"
+#include "unrequested.hpp"
 #include "var_table.hpp"
 #include "waiter_slots.hpp"
 #include "workers.hpp"
@@ -83,11 +83,6 @@ class EngineImpl {
   const std::uint64_t profile_id_;  // tells engines apart in a trace
 
  private:
-  // Held under lazy and naive, not under eager (see request_mu_).
-  std::unique_lock<GraphMutex> request_lock() {
-    return options_.policy == Policy::kEager ? std::unique_lock<GraphMutex>(request_mu_, std::defer_lock)
-                                             : std::unique_lock<GraphMutex>(request_mu_);
-  }
 
   // Nodes made ready together, queued under one queue lock per
   // kReadyBatch (make_ready_many): add() queues a full batch, flush() the
@@ -115,12 +110,18 @@ class EngineImpl {
   void record(Node* n);
   void count_recorded(Node* n);
   std::uint64_t next_seq(std::uint64_t after) noexcept;
-  // Request lock held (or, eager, n not yet published). With `batch`, a
-  // node made ready is collected there instead of queued at once.
+  // Gives up n's "not requested" count, unless it was requested already.
+  // The caller holds a ref on n (or n is in an unrequested list: see
+  // unrequested.hpp). With `batch`, a node made ready is collected there
+  // instead of queued at once.
   void request(Node* n, ReadyBatch* batch = nullptr);
-  // `requested`, and off the unrequested list (request() without its
-  // decrement of `pending`). Request lock held.
-  void mark_requested(Node* n);
+  // Gives up the "not requested" count of n, which the caller has taken
+  // (UnrequestedLists::take), after requesting its unrequested ancestors.
+  void requested_by_window(Node* n, ReadyBatch& batch);
+  // Lazy: requests the recorded nodes of every thread but this one (a
+  // throttled recorder: the others' windows may hold what its nodes wait
+  // for, and what it waits to see finish).
+  void request_others();
 
   // ---- schedule.cpp: no lock held
   void make_ready(Node* n, bool pushed = false);
@@ -192,13 +193,6 @@ class EngineImpl {
   std::string describe_pending(Node* target);
   void trace(const Node* n) const;
 
-  // The request lock: requests of recorded nodes and the lazy window's
-  // list. Taken by lazy recorders, the window, waits' requests of their
-  // subgraphs and waitall under lazy and naive; never under eager (a node
-  // is requested as it is recorded), never by completion or by workers,
-  // never held across user code. Recording itself takes only the locks of
-  // its vars (record.cpp). Its own cache line.
-  alignas(64) mutable GraphMutex request_mu_;
   NodePool pool_;
   VarTable vars_{pool_, static_cast<std::uint32_t>(profile_id_)};
   // Record clocks (next_seq): one per thread slot, written only by the
@@ -208,12 +202,12 @@ class EngineImpl {
   };
   std::array<SlotClock, kThreadSlots> clocks_{};
   alignas(64) std::atomic<std::uint64_t> shared_clock_{0};
-  Node* unreq_head_ = nullptr;       // request lock: the lazy window, record order
-  Node* unreq_tail_ = nullptr;
-  std::size_t unreq_count_ = 0;
+  // Lazy: the nodes recorded and not yet requested, a list per thread
+  // (unrequested.hpp).
+  UnrequestedLists unrequested_;
 
-  // Flipped by each waitall (under the request lock, which lazy recorders
-  // read it under).
+  // Flipped by each waitall (seq_cst; lazy recorders read it under their
+  // unrequested list's lock: see UnrequestedLists::take_all).
   std::atomic<std::uint64_t> waitall_epoch_{0};
   // Unfinished nodes and bytes by waitall epoch (pending_counts.hpp); the
   // byte window is eager's only.

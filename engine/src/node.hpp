@@ -150,10 +150,10 @@ struct Node {
   bool async_started = false;         // by its runner, before arriving: the function ran
   // Set once: under eager by push, which counts no "until requested" in
   // `pending`; under the other policies by the request that gives that
-  // count up, under the request lock ([req], EngineImpl::request_mu_).
+  // count up (UnrequestedLists::take, unrequested.hpp).
   std::atomic<bool> requested{false};
-  bool in_unrequested = false;        // [req]
-  Node* unreq_prev = nullptr;         // [req] recorded, not yet requested, in record order
+  std::uint8_t unreq_list = 0xff;     // [imm] lazy: the unrequested list it was recorded in (0xff: none)
+  Node* unreq_prev = nullptr;         // that list's lock: recorded, not yet requested, in record order
   Node* unreq_next = nullptr;
   Node* free_next = nullptr;          // node pool (its lock)
   int home = -1;                      // node pool: the thread slot that took it from its cache and, if it ran, ran it (-1: none)

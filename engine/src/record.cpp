@@ -157,25 +157,20 @@ void EngineImpl::record(Node* n) {
       count_recorded(n);
       return;  // requested by the wait in push, or at once when recorded by a running op
     case Policy::kLazy: {
-      // The epoch is read under the request lock, which a waitall holds
-      // while it flips the epoch and requests every node in the list: a
-      // node counted in the old parity is in the list by then.
-      std::lock_guard rl(request_mu_);
-      count_recorded(n);
-      n->in_unrequested = true;
-      n->unreq_prev = unreq_tail_;
-      n->unreq_next = nullptr;
-      (unreq_tail_ != nullptr ? unreq_tail_->unreq_next : unreq_head_) = n;
-      unreq_tail_ = n;
-      ++unreq_count_;
-      // The pending window: start the oldest recorded work when the
-      // frontend records far ahead, in batches, down to 7/8 of the window
-      // (64 nodes at most at once): one queue lock and one wake-up per
-      // batch, not per push.
-      if (options_.max_pending != 0 && unreq_count_ > options_.max_pending) {
-        const std::size_t target = options_.max_pending - std::min<std::size_t>(options_.max_pending / 8, 63);
+      // Into this thread's list, the epoch read under its lock: a waitall
+      // that flips the epoch finds a node counted in the old parity there.
+      const std::uint8_t l = UnrequestedLists::mine();
+      const std::size_t listed = unrequested_.append(l, n, [&] { count_recorded(n); });
+      // The pending window: start this thread's oldest recorded work when
+      // it records far ahead, in batches, down to 7/8 of the window (64
+      // nodes at most at once): one queue lock and one wake-up per batch,
+      // not per push.
+      if (options_.max_pending != 0 && listed > options_.max_pending) {
+        const std::size_t keep = options_.max_pending - std::min<std::size_t>(options_.max_pending / 8, 63);
+        std::array<Node*, 64> oldest{};
+        const std::size_t k = unrequested_.take_oldest(l, keep, oldest);
         BatchedRequests batch(*this);
-        while (unreq_count_ > target) request(unreq_head_, &batch.nodes);
+        for (std::size_t i = 0; i < k; ++i) requested_by_window(oldest[i], batch.nodes);
       }
       return;
     }
@@ -212,17 +207,19 @@ std::uint64_t EngineImpl::next_seq(std::uint64_t after) noexcept {
 }
 
 void EngineImpl::count_recorded(Node* n) {
-  n->epoch = static_cast<std::uint8_t>(waitall_epoch_.load(std::memory_order_acquire) & 1);
+  // seq_cst: see UnrequestedLists::mark_used.
+  n->epoch = static_cast<std::uint8_t>(waitall_epoch_.load(std::memory_order_seq_cst) & 1);
   counts_.recorded(n->epoch, n->cost_bytes);
 }
 
-// Gives up the node's "not requested" count. Invariant: a requested node's
-// unfinished ancestors are all requested (record order is a topological
-// order, and requests go oldest first or ancestors first), so a wait's
-// traversal stops at requested nodes. Request lock held.
+// Invariant, once every request under way has returned: a requested node's
+// unfinished ancestors are all requested (a wait's traversal without a tag
+// stops at requested nodes). Requests keep it: a wait requests a whole
+// subgraph, a waitall everything, and the window a node's unrequested
+// ancestors with it. Exactly one caller takes a node's request
+// (UnrequestedLists::take).
 void EngineImpl::request(Node* n, ReadyBatch* batch) {
-  if (n->requested.load(std::memory_order_relaxed)) return;
-  mark_requested(n);
+  if (n->requested.load(std::memory_order_relaxed) || !unrequested_.take(n)) return;
   if (n->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {
     if (batch == nullptr) {
       make_ready(n);
@@ -232,14 +229,41 @@ void EngineImpl::request(Node* n, ReadyBatch* batch) {
   }
 }
 
-void EngineImpl::mark_requested(Node* n) {
-  n->requested.store(true, std::memory_order_relaxed);
-  if (n->in_unrequested) {
-    n->in_unrequested = false;
-    (n->unreq_prev != nullptr ? n->unreq_prev->unreq_next : unreq_head_) = n->unreq_next;
-    (n->unreq_next != nullptr ? n->unreq_next->unreq_prev : unreq_tail_) = n->unreq_prev;
-    --unreq_count_;
+// The window's node `n`, taken off its list by this thread: the oldest of
+// the thread's list, so its ancestors recorded by this thread are requested
+// already; those recorded by other threads (through shared vars) may still
+// be in their lists, and are requested first, or n could wait on them with
+// nothing to start them. Iterative; each node on the stack holds a ref.
+void EngineImpl::requested_by_window(Node* n, ReadyBatch& batch) {
+  SmallVector<Node*, 16> stack;
+  auto push_unrequested_preds = [&](Node* m) {
+    std::lock_guard g(m->lock);
+    for (Node* p : m->preds) {
+      if (!p->requested.load(std::memory_order_relaxed) &&
+          p->state.load(std::memory_order_acquire) != NodeState::kDone) {
+        NodePool::retain(p);
+        stack.push_back(p);
+      }
+    }
+  };
+  push_unrequested_preds(n);
+  while (!stack.empty()) {
+    Node* p = stack.back();
+    stack.pop_back();
+    if (!p->requested.load(std::memory_order_relaxed) && unrequested_.take(p)) {
+      push_unrequested_preds(p);
+      if (p->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) add_ready(batch, p);
+    }
+    pool_.release(p);
   }
+  if (n->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) add_ready(batch, n);
+}
+
+void EngineImpl::request_others() {
+  BatchedRequests batch(*this);
+  unrequested_.take_all(UnrequestedLists::mine(), [&](Node* m) {
+    if (m->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) add_ready(batch.nodes, m);
+  });
 }
 
 void EngineImpl::push_async(AsyncFunction fn, std::span<const Var> reads, std::span<const Var> writes,
@@ -400,7 +424,6 @@ void EngineImpl::push(Function fn, std::span<const Var> reads, std::span<const V
   const bool naive = options_.policy == Policy::kNaive;
   if (naive && in_op) {
     // Recorded by a running op: runs after it, before the outer wait returns.
-    std::lock_guard rl(request_mu_);
     request(n);
   }
   // A frontend that outruns the workers stalls (by nodes, and under eager

@@ -103,10 +103,8 @@ void EngineImpl::unregister_waiter(std::uint32_t tag, WaitMode mode) {
 // engine's life. Tags outlive their waiter only on done nodes: a waiter ends
 // when its target is done, after every ancestor. Without a slot (tag 0) the
 // traversal stops at requested nodes instead: their ancestors are requested
-// already. Iterative: a chain of millions must not recurse. Takes the
-// request lock (lazy, naive): it requests nodes.
+// already. Iterative: a chain of millions must not recurse.
 void EngineImpl::request_subgraph(Node* target, std::uint32_t tag) {
-  auto rl = request_lock();
   std::vector<Node*>& stack = traversal_stack();
   stack.clear();
   NodePool::retain(target);
@@ -247,19 +245,13 @@ void EngineImpl::wait_node(Node* target) {
   // guard). Requesting it takes `pending` to 0, so this thread owns it and
   // runs it at once, as a completion runs a bypassed successor.
   if (target->sdev == nullptr && !target->async && !target->requested.load(std::memory_order_relaxed) &&
-      target->pending.load(std::memory_order_acquire) == 1) {
-    auto rl = request_lock();
-    if (!target->requested.load(std::memory_order_relaxed)) {
-      mark_requested(target);
-      const bool mine = target->pending.fetch_sub(1, std::memory_order_acq_rel) == 1;
-      rl.unlock();
-      if (mine) {
-        run_chain(claim_now(target), -1, Bypass{});
-        return;
-      }
-      // Otherwise some count was left after all; whoever drops it makes
-      // the node ready, and the general way below waits for that.
+      target->pending.load(std::memory_order_acquire) == 1 && unrequested_.take(target)) {
+    if (target->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      run_chain(claim_now(target), -1, Bypass{});
+      return;
     }
+    // Otherwise some count was left after all; whoever drops it makes the
+    // node ready, and the general way below waits for that.
   }
   // Eager: a ready CPU node that is the newest queue entry (typically
   // pushed just before this wait): its inputs are done. Taken off the queue
@@ -322,6 +314,7 @@ void EngineImpl::throttle_frontend() {
     Stall(const Stall&) = delete;
     Stall& operator=(const Stall&) = delete;
   } stall(hooks);
+  if (options_.policy == Policy::kLazy) request_others();
   const std::uint32_t tag = register_waiter(WaitMode::kThrottle);
   help_until(tag, [&] { return !counts_.over_window(1); },
              /*watchdog=*/false);
@@ -405,19 +398,20 @@ void EngineImpl::wait_all_recorded(bool watchdog) {
   std::uint32_t tag = 0;
   std::size_t slot = 0;
   {
-    // Under lazy, recorders read the epoch under the request lock: a node
-    // counted in the old parity is in the list requested below.
-    auto rl = request_lock();
-    slot = waitall_epoch_.fetch_add(1, std::memory_order_acq_rel) & 1;  // later nodes: the other parity
+    // Under lazy, recorders read the epoch under their list's lock: a node
+    // counted in the old parity is in a list requested below.
+    slot = waitall_epoch_.fetch_add(1, std::memory_order_seq_cst) & 1;  // later nodes: the other parity
     tag = register_waiter(WaitMode::kAll);
     // Newest first: the oldest nodes become ready last, so workers do not
     // start a chain while this thread is still writing the counts of the
     // nodes it is about to run (both threads on every node's lines). The
-    // invariant "requested => ancestors requested" holds again once the
-    // loop ends, before the request lock is released.
-    // The ready ones are queued 64 at a time under one queue lock.
+    // invariant "requested => ancestors requested" holds again once every
+    // list is done. The ready ones are queued 64 at a time under one queue
+    // lock.
     BatchedRequests batch(*this);
-    while (unreq_tail_ != nullptr) request(unreq_tail_, &batch.nodes);
+    unrequested_.take_all(UnrequestedLists::kNone, [&](Node* n) {
+      if (n->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) add_ready(batch.nodes, n);
+    });
   }
   const bool finished = help_until(
       tag, [&] { return counts_.unfinished_in(slot) == 0; }, watchdog);

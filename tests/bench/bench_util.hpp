@@ -44,6 +44,24 @@ inline double median_seconds(const std::function<void()>& fn, int fallback_repea
       fallback_repeats);
 }
 
+/// Medians of what a() and b() return (each times itself, in seconds), run
+/// alternately after one warm-up of each (see below).
+inline std::pair<double, double> interleaved_median_of(const std::function<double()>& a,
+                                                       const std::function<double()>& b,
+                                                       int fallback_repeats = 7) {
+  a();
+  b();
+  std::vector<double> ta;
+  std::vector<double> tb;
+  for (int i = 0; i < repeats(fallback_repeats); ++i) {
+    ta.push_back(a());
+    tb.push_back(b());
+  }
+  std::sort(ta.begin(), ta.end());
+  std::sort(tb.begin(), tb.end());
+  return {ta[ta.size() / 2], tb[tb.size() / 2]};
+}
+
 /// Medians of the wall times of a() and b(), run alternately (a, b, a, b,
 /// ...) after one warm-up of each: a drift of the machine's speed during
 /// the runs moves both figures alike, so their ratio holds.

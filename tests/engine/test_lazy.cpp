@@ -112,6 +112,71 @@ TEST_SUITE("engine") {
     CHECK(ran.load() == 1000);
   }
 
+  // Each recording thread has a window of its own. When one starts its
+  // oldest nodes, the nodes they read that another thread recorded (and
+  // whose window keeps them unrequested) are started too: else they wait
+  // for work that nothing starts.
+  TEST_CASE("Lazy.WindowStartsWhatOtherThreadsRecordedFirst" * doctest::timeout(60)) {
+    EngineOptions o;
+    o.policy = Policy::kLazy;
+    o.num_threads = 2;
+    o.max_pending = 64;
+    Engine eng(o);
+    Var shared = eng.new_var();
+    std::atomic<int> writes{0};
+    std::atomic<int> reads{0};
+    // Ten writes by another thread: within its window, so not started.
+    std::thread([&] {
+      for (int i = 0; i < 10; ++i) eng.push([&](const RunContext&) { writes.fetch_add(1); }, {}, {shared});
+    }).join();
+    std::vector<Var> sinks;
+    for (int i = 0; i < 100; ++i) sinks.push_back(eng.new_var());
+    for (int i = 0; i < 100; ++i) {
+      eng.push([&](const RunContext&) { reads.fetch_add(1); }, {shared}, {sinks[static_cast<std::size_t>(i)]});
+    }
+    // This thread's window started its oldest reads, and with them the
+    // writes they read, without any wait.
+    CHECK(test::spin_until([&] { return reads.load() >= 100 - 64; }));
+    CHECK(writes.load() == 10);
+    eng.waitall();
+    CHECK(reads.load() == 100);
+  }
+
+  // A recorder held back by the window (twice max_pending unfinished)
+  // waits until the unfinished nodes are down to max_pending. When other
+  // threads' windows hold them unrequested, it requests them: nothing else
+  // would while those threads wait for it.
+  TEST_CASE("Lazy.ThrottledRecorderStartsOtherThreadsWindows" * doctest::timeout(60)) {
+    EngineOptions o;
+    o.policy = Policy::kLazy;
+    o.num_threads = 2;
+    o.max_pending = 8;
+    Engine eng(o);
+    std::atomic<int> others_ran{0};
+    std::vector<std::thread> others;
+    for (int t = 0; t < 3; ++t) {
+      others.emplace_back([&] {
+        Var v = eng.new_var();
+        for (int i = 0; i < 8; ++i) eng.push([&](const RunContext&) { others_ran.fetch_add(1); }, {}, {v});
+      });
+    }
+    for (auto& t : others) t.join();  // 24 unrequested nodes, 8 per window
+    REQUIRE(others_ran.load() == 0);
+    std::atomic<bool> recorded{false};
+    std::thread recorder([&] {
+      Var mine = eng.new_var();
+      for (int i = 0; i < 200; ++i) eng.push([](const RunContext&) {}, {}, {mine});
+      recorded = true;
+    });
+    const bool finished = test::spin_until([&] { return recorded.load(); });
+    if (!finished) eng.waitall();  // starts everything: lets the recorder finish, to report
+    recorder.join();
+    CHECK(finished);
+    CHECK(test::spin_until([&] { return others_ran.load() == 24; }));
+    eng.waitall();
+    CHECK(eng.stats().unfinished == 0);
+  }
+
   TEST_CASE("Lazy.WaitToWriteWaitsForPendingReads" * doctest::timeout(60)) {
     for (const auto& cfg : all_configs()) {
       CAPTURE(cfg.str());

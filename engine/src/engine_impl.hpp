@@ -118,10 +118,18 @@ class EngineImpl {
   // Gives up the "not requested" count of n, which the caller has taken
   // (UnrequestedLists::take), after requesting its unrequested ancestors.
   void requested_by_window(Node* n, ReadyBatch& batch);
-  // Lazy: requests the recorded nodes of every thread but this one (a
-  // throttled recorder: the others' windows may hold what its nodes wait
-  // for, and what it waits to see finish).
-  void request_others();
+  // The stall's test: past `factor` times the window. Under lazy the nodes
+  // in the unrequested lists of threads other than `mine`'s do not count:
+  // their own windows bound them, and nothing a stalled thread runs would
+  // start them. A completion deciding whether to wake stalled threads
+  // passes kNone: it leaves out every list, a test that passes whenever
+  // some stalled thread's passes, so none is left parked. (The exact counts
+  // are read before the lists': a list grown in between only makes the
+  // test pass sooner.)
+  [[nodiscard]] bool over_window(std::size_t factor, std::uint8_t mine) const noexcept {
+    if (options_.policy != Policy::kLazy) return counts_.over_window(factor);
+    return counts_.over_window_less(factor, [&] { return unrequested_.count_except(mine); });
+  }
 
   // ---- schedule.cpp: no lock held
   void make_ready(Node* n, bool pushed = false);

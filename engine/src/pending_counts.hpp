@@ -39,6 +39,7 @@
 // its last reload (at most kReload of theirs, each) before it stalls.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <bit>
@@ -104,6 +105,15 @@ class PendingCounts {
     const Totals t = totals();
     return past(static_cast<std::size_t>(t.rec[0] + t.rec[1] - t.done[0] - t.done[1]),
                 t.rec_bytes - t.done_bytes, factor);
+  }
+
+  /// The same for the unfinished nodes less those `less()` counts (read
+  /// after the exact counts), at least 0.
+  template <class Less>
+  [[nodiscard]] bool over_window_less(std::size_t factor, Less&& less) const noexcept {
+    const Totals t = totals();
+    const std::int64_t live = t.rec[0] + t.rec[1] - t.done[0] - t.done[1] - static_cast<std::int64_t>(less());
+    return past(static_cast<std::size_t>(std::max<std::int64_t>(live, 0)), t.rec_bytes - t.done_bytes, factor);
   }
 
   /// The same from the recording thread's estimate (see the file comment):

@@ -9,9 +9,9 @@
 // waits for. An edge to a predecessor is added under that predecessor's
 // node lock, which its completion also takes to mark it done and collect
 // its successors, so an edge is either seen by the completion or not added
-// at all. Requests of recorded nodes (lazy and naive; eager requests each
-// node as it is recorded) take the request lock, which also guards the
-// lazy window's list.
+// at all. Under lazy a node waits in its thread's unrequested list (a lock
+// per list, unrequested.hpp) until a wait, the window or a waitall takes
+// its request; eager requests each node as it is recorded.
 #include "engine_impl.hpp"
 
 #include <algorithm>
@@ -259,13 +259,6 @@ void EngineImpl::requested_by_window(Node* n, ReadyBatch& batch) {
   if (n->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) add_ready(batch, n);
 }
 
-void EngineImpl::request_others() {
-  BatchedRequests batch(*this);
-  unrequested_.take_all(UnrequestedLists::mine(), [&](Node* m) {
-    if (m->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) add_ready(batch.nodes, m);
-  });
-}
-
 void EngineImpl::push_async(AsyncFunction fn, std::span<const Var> reads, std::span<const Var> writes,
                             const PushOptions& options) {
   std::string_view name = options.name.empty() ? std::string_view("op") : options.name;
@@ -428,7 +421,8 @@ void EngineImpl::push(Function fn, std::span<const Var> reads, std::span<const V
   }
   // A frontend that outruns the workers stalls (by nodes, and under eager
   // by the bytes they touch).
-  const bool throttle = !naive && !in_op && counts_.recorder_over_window(2);
+  const bool throttle = !naive && !in_op && counts_.recorder_over_window(2) &&
+                        (options_.policy != Policy::kLazy || over_window(2, UnrequestedLists::mine()));
   const bool run_now = naive && !in_op;
   if (run_now) NodePool::retain(n);
   // Eager, small, on a CPU: if it is ready now, this thread runs it (a

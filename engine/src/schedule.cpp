@@ -475,7 +475,7 @@ Node* EngineImpl::complete(Node* n, Bypass bypass) {
   const bool epoch_drained = waiters_.any_waitall() && counts_.unfinished_in(n->epoch) == 0;
   if (n->waiters.load(std::memory_order_seq_cst) != 0 ||
       epoch_drained ||
-      (waiters_.any_throttled() && !counts_.over_window(1))) {
+      (waiters_.any_throttled() && !over_window(1, UnrequestedLists::kNone))) {
     wake_waiters();
   }
   pool_.release(n);  // the unfinished ref

@@ -56,7 +56,25 @@ class UnrequestedLists {
     n->unreq_next = nullptr;
     (list.tail != nullptr ? list.tail->unreq_next : list.head) = n;
     list.tail = n;
-    return ++list.count;
+    const std::size_t count = list.count.load(std::memory_order_relaxed) + 1;
+    list.count.store(count, std::memory_order_relaxed);
+    return count;
+  }
+
+  /// The nodes in every list but `except`'s (kNone: in every list): a sum
+  /// of relaxed loads, each list's count maybe a moment old. Any thread.
+  [[nodiscard]] std::size_t count_except(std::uint8_t except) const noexcept {
+    std::size_t sum = 0;
+    std::uint64_t mask = used_.load(std::memory_order_relaxed);
+    while (mask != 0) {
+      const int l = std::countr_zero(mask);
+      mask &= mask - 1;
+      if (l != except) sum += lists_[static_cast<std::size_t>(l)].count.load(std::memory_order_relaxed);
+    }
+    if (kThreadSlots != except && shared_used_.load(std::memory_order_relaxed)) {
+      sum += lists_[kThreadSlots].count.load(std::memory_order_relaxed);
+    }
+    return sum;
   }
 
   /// Marks n requested and takes it off its list: true for the one caller
@@ -78,7 +96,7 @@ class UnrequestedLists {
     List& list = lists_[l];
     std::lock_guard g(list.mu);
     std::size_t k = 0;
-    while (list.count > keep && k < N) {
+    while (list.count.load(std::memory_order_relaxed) > keep && k < N) {
       Node* n = list.head;
       unlink(list, n);
       out[k++] = n;
@@ -86,19 +104,18 @@ class UnrequestedLists {
     return k;
   }
 
-  /// Takes every node of every list but `except` (kNone: of every list),
-  /// newest first within a list, and gives each to f, after its list's lock
-  /// is released (f may make it ready: it may run and be recycled at once).
+  /// Takes every node of every list, newest first within a list, and gives
+  /// each to f, after its list's lock is released (f may make it ready: it
+  /// may run and be recycled at once).
   /// A recorder reads the waitall epoch under its list's lock: a waitall
   /// that has flipped the epoch (seq_cst) before calling this finds every
   /// node counted in the old parity, since a recorder that read the old
   /// parity had appended its node before releasing the lock this takes.
   template <class F>
-  void take_all(std::uint8_t except, F&& f) {
+  void take_all(F&& f) {
     std::uint64_t mask = used_.load(std::memory_order_seq_cst);
     const bool shared = shared_used_.load(std::memory_order_seq_cst);
     auto drain = [&](std::uint8_t l) {
-      if (l == except) return;
       List& list = lists_[l];
       Node* n = nullptr;
       {
@@ -108,7 +125,7 @@ class UnrequestedLists {
         // from the chain walked below; the chain is then off the list.
         for (Node* m = n; m != nullptr; m = m->unreq_prev) m->requested.store(true, std::memory_order_relaxed);
         list.head = list.tail = nullptr;
-        list.count = 0;
+        list.count.store(0, std::memory_order_relaxed);
       }
       while (n != nullptr) {
         Node* older = n->unreq_prev;  // read first: f(n) may recycle n
@@ -129,7 +146,7 @@ class UnrequestedLists {
     SpinLock mu;
     Node* head = nullptr;  // oldest
     Node* tail = nullptr;
-    std::size_t count = 0;
+    std::atomic<std::size_t> count{0};  // written under mu, read by count_except without it
   };
 
   // List lock held.
@@ -137,7 +154,7 @@ class UnrequestedLists {
     n->requested.store(true, std::memory_order_relaxed);
     (n->unreq_prev != nullptr ? n->unreq_prev->unreq_next : list.head) = n->unreq_next;
     (n->unreq_next != nullptr ? n->unreq_next->unreq_prev : list.tail) = n->unreq_prev;
-    --list.count;
+    list.count.store(list.count.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
   }
 
   bool used(std::uint8_t l) const noexcept {

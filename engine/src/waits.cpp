@@ -314,9 +314,9 @@ void EngineImpl::throttle_frontend() {
     Stall(const Stall&) = delete;
     Stall& operator=(const Stall&) = delete;
   } stall(hooks);
-  if (options_.policy == Policy::kLazy) request_others();
   const std::uint32_t tag = register_waiter(WaitMode::kThrottle);
-  help_until(tag, [&] { return !counts_.over_window(1); },
+  const std::uint8_t mine = UnrequestedLists::mine();
+  help_until(tag, [&] { return !over_window(1, mine); },
              /*watchdog=*/false);
   unregister_waiter(tag, WaitMode::kThrottle);
 }
@@ -409,7 +409,7 @@ void EngineImpl::wait_all_recorded(bool watchdog) {
     // list is done. The ready ones are queued 64 at a time under one queue
     // lock.
     BatchedRequests batch(*this);
-    unrequested_.take_all(UnrequestedLists::kNone, [&](Node* n) {
+    unrequested_.take_all([&](Node* n) {
       if (n->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) add_ready(batch.nodes, n);
     });
   }

@@ -131,9 +131,9 @@ struct EngineOptions {
   /// fewer on 2 cores: docs/benchmarks.md, "How many workers"; a waiting
   /// frontend thread helps, idle workers leave their core).
   int num_threads = 0;
-  /// Recorded nodes kept unstarted before the oldest is started; the engine
-  /// also stalls a frontend that has twice this many nodes unfinished.
-  /// 0 = unbounded.
+  /// Recorded nodes kept unstarted before the oldest is started (lazy: per
+  /// recording thread); the engine also stalls a frontend that has twice
+  /// this many nodes unfinished. 0 = unbounded.
   std::size_t max_pending = 16384;
   /// Eager: the PushOptions::cost_bytes of unfinished nodes a frontend may
   /// run ahead by; past twice this, with more than one node unfinished, it

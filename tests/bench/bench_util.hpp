@@ -68,21 +68,14 @@ inline std::pair<double, double> interleaved_median_of(const std::function<doubl
 inline std::pair<double, double> interleaved_median_seconds(const std::function<void()>& a,
                                                             const std::function<void()>& b,
                                                             int fallback_repeats = 7) {
-  a();
-  b();
-  std::vector<double> ta;
-  std::vector<double> tb;
-  for (int i = 0; i < repeats(fallback_repeats); ++i) {
-    auto t0 = Clock::now();
-    a();
-    ta.push_back(since(t0));
-    t0 = Clock::now();
-    b();
-    tb.push_back(since(t0));
-  }
-  std::sort(ta.begin(), ta.end());
-  std::sort(tb.begin(), tb.end());
-  return {ta[ta.size() / 2], tb[tb.size() / 2]};
+  auto timed = [](const std::function<void()>& fn) {
+    return [f = &fn] {
+      const auto t0 = Clock::now();
+      (*f)();
+      return since(t0);
+    };
+  };
+  return interleaved_median_of(timed(a), timed(b), fallback_repeats);
 }
 
 }  // namespace lazydag::bench

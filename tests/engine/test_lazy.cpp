@@ -15,6 +15,17 @@ using namespace lazydag;
 using namespace lazydag::engine;
 using lazydag::test::all_configs;
 
+namespace {
+// Lazy, two workers, a pending window of `max_pending` nodes.
+EngineOptions lazy_with_window(std::size_t max_pending) {
+  EngineOptions o;
+  o.policy = Policy::kLazy;
+  o.num_threads = 2;
+  o.max_pending = max_pending;
+  return o;
+}
+}  // namespace
+
 TEST_SUITE("engine") {
   TEST_CASE("Lazy.WaitToReadRunsOnlyTheRequiredSubgraph" * doctest::timeout(120)) {
     for (const auto& cfg : all_configs()) {
@@ -91,11 +102,7 @@ TEST_SUITE("engine") {
   }
 
   TEST_CASE("Lazy.PendingWindowStartsTheOldestWork" * doctest::timeout(60)) {
-    EngineOptions o;
-    o.policy = Policy::kLazy;
-    o.num_threads = 2;
-    o.max_pending = 64;
-    Engine eng(o);
+    Engine eng(lazy_with_window(64));
     std::atomic<int> ran{0};
     std::vector<Var> vars;
     for (int i = 0; i < 1000; ++i) {
@@ -118,11 +125,7 @@ TEST_SUITE("engine") {
   // whose window keeps them unrequested) are started too: else they wait
   // for work that nothing starts.
   TEST_CASE("Lazy.WindowStartsWhatOtherThreadsRecordedFirst" * doctest::timeout(60)) {
-    EngineOptions o;
-    o.policy = Policy::kLazy;
-    o.num_threads = 2;
-    o.max_pending = 64;
-    Engine eng(o);
+    Engine eng(lazy_with_window(64));
     Var shared = eng.new_var();
     std::atomic<int> writes{0};
     std::atomic<int> reads{0};
@@ -149,11 +152,7 @@ TEST_SUITE("engine") {
   // start them, and those threads may be waiting for it. They stay
   // unrequested (lazy) until a wait needs them.
   TEST_CASE("Lazy.StalledRecorderDoesNotWaitForOtherThreadsWindows" * doctest::timeout(60)) {
-    EngineOptions o;
-    o.policy = Policy::kLazy;
-    o.num_threads = 2;
-    o.max_pending = 8;
-    Engine eng(o);
+    Engine eng(lazy_with_window(8));
     std::atomic<int> others_ran{0};
     std::vector<std::thread> others;
     // All alive until the end, so each has a list of its own (a list goes

@@ -231,6 +231,9 @@ Var Engine::new_owned_var(const char* owner) {
   return impl_->new_var(owner);
 }
 void Engine::delete_owned_var(Var v) { impl_->delete_var(v, /*by_owner=*/true); }
+bool Engine::delete_owned_var_and_free(Var v, Device device, void* p, std::size_t bytes) {
+  return impl_->delete_var_and_free(v, device, p, bytes);
+}
 void Engine::push(Function fn, std::span<const Var> reads, std::span<const Var> writes,
                   const PushOptions& options) {
   impl_->push(std::move(fn), reads, writes, options);

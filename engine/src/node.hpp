@@ -106,6 +106,12 @@ struct VarState {
   // nodes it names are done; or the completion of the last stream access)
   // frees the slot; nobody else can reach a var that is dead and idle.
   std::atomic<std::uint32_t> holds{0};
+  // A stream-device buffer deleted with the var (delete_var_and_free): set
+  // under the lock as the var dies, given back by whoever frees the slot.
+  StreamDevice* release_dev = nullptr;
+  void* release_ptr = nullptr;
+  std::size_t release_bytes = 0;
+  int release_stream = 0;
   // Written by the running writer, read by running readers of that version:
   // the DAG orders them (a reader starts after its writer's completion
   // released `pending`; the next writer after every reader's). On a cache

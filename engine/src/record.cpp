@@ -80,6 +80,33 @@ void EngineImpl::delete_var(Var v, bool by_owner) {
   vars_.retire(s);
 }
 
+// delete_var(v, true), with the buffer given back by whoever frees the slot:
+// the last stream access's completion, or this call when none is pending.
+// Not when a pending access is a CPU node: those take no hold, so the slot
+// would wait for a sweep, and the buffer with it.
+bool EngineImpl::delete_var_and_free(Var v, Device device, void* p, std::size_t bytes) {
+  if (!device.is_stream_device()) {
+    throw InvalidArgument("delete_owned_var_and_free: " + device.str() + " is not a stream device");
+  }
+  StreamDevice& dev = devices_.get(device);
+  VarState* s = vars_.lookup(v);
+  if (s == nullptr) vars_.check(nullptr, v, "delete_owned_var_and_free");
+  {
+    std::lock_guard g(s->mu);
+    vars_.check(s, v, "delete_owned_var_and_free");
+    if (!VarTable::held_by_pending(s)) return false;
+    s->release_dev = &dev;
+    s->release_ptr = p;
+    s->release_bytes = bytes;
+    s->release_stream = s->last_writer != nullptr && s->last_writer->sdev == &dev ? s->last_writer->stream : 0;
+    s->alive.store(false, std::memory_order_relaxed);  // no push or wait takes it after this
+  }
+  // The liveness hold (acq_rel: the fields above reach whoever drops the
+  // last hold).
+  vars_.drop(s);
+  return true;
+}
+
 bool EngineImpl::add_edge(Node* pred, Node* n, bool give, bool& shared) {
   if (n->preds.contains(pred)) return false;
   // Done already: no edge, and no need for its lock, whose line the thread

@@ -29,6 +29,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "node.hpp"
@@ -148,6 +149,17 @@ class VarTable {
     sweep_locked();
   }
 
+  /// The nodes a var names that are not done all hold it (stream-device
+  /// nodes): when it dies, its liveness hold can go at once, and the last
+  /// of their completions frees the slot. Its lock held.
+  static bool held_by_pending(const VarState* s) noexcept {
+    auto holds_or_done = [](const Node* n) {
+      return n->sdev != nullptr || n->state.load(std::memory_order_acquire) == NodeState::kDone;
+    };
+    if (s->last_writer != nullptr && !holds_or_done(s->last_writer)) return false;
+    return std::all_of(s->readers.begin(), s->readers.end(), holds_or_done);
+  }
+
   /// The nodes a var names are done (acquire: after their last access to
   /// it). Its lock held, or the var dead.
   static bool idle(const VarState* s) noexcept {
@@ -253,6 +265,13 @@ class VarTable {
     s->readers.shrink_if_large(64);
     s->prune_at = 8;
     if (s->poison) s->poison.reset();  // its line stays shared with the readers when clean
+    if (s->release_dev != nullptr) {
+      // Every access has completed on the device: any of its streams may
+      // take the buffer back.
+      StreamDevice* dev = std::exchange(s->release_dev, nullptr);
+      dev->deallocate(std::exchange(s->release_ptr, nullptr), s->release_bytes,
+                      dev->stream_handle(s->release_stream));
+    }
   }
 
   // 2^28 slots at most, in chunks that never move: lookups index them

@@ -32,9 +32,10 @@ struct Group;
 /// that touches the buffer holds a reference, so the buffer is freed only
 /// after its last access has run; the var's deletion is then recorded.
 /// Host buffers come from the host pool at once. Stream-device buffers are
-/// allocated by the first op that writes them, on its stream, and freed by a
-/// recorded op that writes the var: it runs after every access, on the
-/// stream of the last one, after joining the others (stream-ordered pool).
+/// allocated by the first op that writes them, on its stream, and given
+/// back with the var once every access has completed on the device
+/// (Engine::delete_owned_var_and_free), or, while a CPU node still reads
+/// one, freed by a recorded op that writes the var after every access.
 struct Storage {
   engine::Engine* eng;
   engine::Var var;
@@ -90,6 +91,14 @@ struct Storage {
     // was never allocated: nothing to free. The last reference is dropped
     // after every op that held one has run, so `data` is final here.
     if (device.is_stream_device() && data != nullptr) {
+      // Given back with the var once its accesses have completed: no node.
+      try {
+        if (eng->delete_owned_var_and_free(var, device, data, bytes)) return;
+      } catch (const std::exception& e) {  // a destructor never throws
+        std::cerr << "lazydag: could not delete a " << device.str() << " buffer's var: " << e.what() << '\n';
+        return;
+      }
+      // A CPU node still reads it: the free is recorded after it.
       void* p = data;
       const std::size_t n = bytes;
       try {

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <stdexcept>
 #include <vector>
@@ -311,6 +312,76 @@ TEST_SUITE("engine") {
     }, {}, {v}, on(kSim1, StreamKind::kCompute, 0, "free"));
     eng.waitall();
     CHECK(dev.bytes_in_use() == before);
+  }
+
+  TEST_CASE("Streams.AnOwnedBufferIsFreedWithItsVarOnceItsAccessesComplete" * doctest::timeout(60)) {
+    for (Policy policy : {Policy::kEager, Policy::kLazy}) {
+      const std::string policy_name(to_string(policy));
+      CAPTURE(policy_name);
+      Engine eng(threaded(policy));
+      StreamDevice& dev = eng.stream_device(kSim1);
+      const std::size_t before = dev.bytes_in_use();
+      auto make = [&](Var v) {
+        void* p = nullptr;
+        eng.push([&p](const RunContext& ctx) { p = ctx.stream_device->allocate(4096, ctx.stream); }, {}, {v},
+                 on(kSim1));
+        eng.waitall();  // every completion has dropped its holds
+        REQUIRE(p != nullptr);
+        return p;
+      };
+
+      // Pending stream accesses: a writer and, on the copy-out stream, a
+      // reader held until the var is deleted. The buffer goes back only
+      // after both complete, and no node is recorded for it.
+      Var v = eng.new_owned_var("a test buffer");
+      void* p = make(v);
+      std::promise<void> go;
+      std::shared_future<void> going = go.get_future().share();
+      std::atomic<int> seen{0};
+      eng.push([&, going](const RunContext&) {
+        going.wait();
+        seen.store(static_cast<unsigned char*>(p)[0] == 0 ? 1 : 2);
+      }, {}, {v}, on(kSim1));
+      eng.push([&, going](const RunContext&) { going.wait(); }, {v}, {}, on(kSim1, StreamKind::kCopyOut));
+      const auto recorded = eng.stats().nodes_recorded;
+      CHECK(eng.delete_owned_var_and_free(v, kSim1, p, 4096));
+      CHECK(eng.stats().nodes_recorded == recorded);
+      CHECK(dev.bytes_in_use() == before + 4096);  // still in use by the held nodes
+      CHECK_THROWS_AS(eng.push([](const RunContext&) {}, {v}, {}, on(kSim1)), InvalidArgument);
+      CHECK_THROWS_AS((void)eng.delete_owned_var_and_free(v, kSim1, p, 4096), InvalidArgument);
+      CHECK(dev.bytes_in_use() == before + 4096);
+      go.set_value();
+      eng.waitall();  // returns after the completion that gave it back
+      CHECK(seen.load() != 0);
+      CHECK(dev.bytes_in_use() == before);
+
+      // Nothing pending: given back by the call itself.
+      Var idle = eng.new_owned_var("a test buffer");
+      void* q = make(idle);
+      CHECK(dev.bytes_in_use() == before + 4096);
+      CHECK(eng.delete_owned_var_and_free(idle, kSim1, q, 4096));
+      CHECK(dev.bytes_in_use() == before);
+
+      // A CPU node still reads it: refused, nothing done; the var stays
+      // usable and the caller records the free.
+      Var shared = eng.new_owned_var("a test buffer");
+      void* r = make(shared);
+      std::promise<void> release;
+      std::shared_future<void> released = release.get_future().share();
+      eng.push([released](const RunContext&) { released.wait(); }, {shared}, {}, PushOptions{});
+      CHECK_FALSE(eng.delete_owned_var_and_free(shared, kSim1, r, 4096));
+      eng.push([r](const RunContext& ctx) { ctx.stream_device->deallocate(r, 4096, ctx.stream); }, {}, {shared},
+               on(kSim1, StreamKind::kCompute, 0, "free"));
+      eng.delete_owned_var(shared);
+      release.set_value();
+      eng.waitall();
+      CHECK(dev.bytes_in_use() == before);
+
+      // Not a stream device.
+      Var host = eng.new_owned_var("a test buffer");
+      CHECK_THROWS_AS((void)eng.delete_owned_var_and_free(host, Device{}, nullptr, 1), InvalidArgument);
+      eng.delete_owned_var(host);
+    }
   }
 
   TEST_CASE("Streams.SimPoolReusesBlocksBySizeClassWithinItsLimit") {

@@ -87,7 +87,8 @@ void check_gradient(const char* name, const Fn& f, const std::vector<Input>& inp
 NDArray positive(const NDArray& x) { return nd::abs(x) + 0.5; }
 
 // Everything recorded has run, including the frees of stream-device buffers
-// recorded while the first waitall released the ops that held them.
+// that a CPU node still read (recorded while the first waitall released the
+// ops that held them).
 void settle() {
   nd::waitall();
   nd::waitall();

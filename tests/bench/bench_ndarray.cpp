@@ -5,6 +5,7 @@
 #include <lazydag/lazydag.hpp>
 
 #include <cblas.h>
+#include <sys/resource.h>
 #if defined(LAZYDAG_ONEDNN)
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
@@ -76,6 +77,53 @@ __attribute__((target("avx512f"))) void sigmoid_affine_avx512(const float* x, co
   for (; i < len; ++i) y[i] = 1.0F / (1.0F + std::exp(-(x[i] * w[i] + b[i])));
 }
 #endif
+
+// The tour's lesson 4b: two chains of 200 tanh(matmul(x, x) * 0.01) on
+// sim(0) and sim(1), recorded together and waited for once, against a
+// waitall between them (medians of 31 alternated repeats), and the
+// process's CPU time for each (median): what the frontend, the workers and
+// the devices' threads spend beyond the ops themselves shows there.
+void two_devices() {
+  NDArray x0 = nd::random_uniform({96, 96}, sim(0), 5);
+  NDArray x1 = nd::random_uniform({96, 96}, sim(1), 6);
+  nd::waitall();
+  auto chain = [](NDArray x) {
+    for (int i = 0; i < 200; ++i) x = nd::tanh(nd::matmul(x, x) * 0.01);
+    return x;
+  };
+  auto cpu_seconds = [] {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+           static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+  };
+  std::vector<double> cpu_together;
+  std::vector<double> cpu_apart;
+  auto timed = [&](std::vector<double>& cpu, bool barrier) {
+    return [&, barrier] {
+      const double c0 = cpu_seconds();
+      const auto t0 = bench::Clock::now();
+      {
+        NDArray a = chain(x0);
+        if (barrier) nd::waitall();
+        NDArray b = chain(x1);
+        nd::waitall();
+      }
+      nd::waitall();
+      const double t = bench::since(t0);
+      cpu.push_back(cpu_seconds() - c0);
+      return t;
+    };
+  };
+  const auto [together, apart] = bench::interleaved_median_of(timed(cpu_together, false), timed(cpu_apart, true), 31);
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  std::printf("bench=ndarray workload=two_devices together_ms=%.2f apart_ms=%.2f ratio_apart_vs_together=%.3f "
+              "cpu_ms_together=%.2f cpu_ms_apart=%.2f\n",
+              together * 1e3, apart * 1e3, apart / together, median(cpu_together) * 1e3, median(cpu_apart) * 1e3);
+}
 
 }  // namespace
 
@@ -191,6 +239,7 @@ int main(int argc, char** argv) {
     std::printf("bench=ndarray workload=tiny_expr speedup_vs_unfused=%.2f\n", two_nodes / one_node);
   }
   nd::set_fusion(fusion);
+  two_devices();
   // sgemm: lazydag (64-row blocks of a single-threaded BLAS over the
   // engine's workers: oneDNN when built with it) vs OpenBLAS called directly
   // with 1 and with all threads (as the environment configures it, e.g.

@@ -452,7 +452,10 @@ void CudaDevice::deallocate(void* p, std::size_t bytes, void* stream) noexcept {
   int previous = 0;
   (void)cudaGetDevice(&previous);
   (void)cudaSetDevice(id_);
-  if (cudaError_t e = cudaFreeAsync(p, static_cast<cudaStream_t>(stream)); e != cudaSuccess) {
+  // After the runtime has unloaded (arrays destroyed at process exit) the
+  // memory goes with the process: nothing to report.
+  if (cudaError_t e = cudaFreeAsync(p, static_cast<cudaStream_t>(stream));
+      e != cudaSuccess && e != cudaErrorCudartUnloading) {
     std::cerr << "lazydag: cudaFreeAsync failed on gpu(" << id_ << "): " << cudaGetErrorName(e) << '\n';
   }
   (void)cudaSetDevice(previous);

@@ -106,18 +106,20 @@ struct VarState {
   // nodes it names are done; or the completion of the last stream access)
   // frees the slot; nobody else can reach a var that is dead and idle.
   std::atomic<std::uint32_t> holds{0};
-  // A stream-device buffer deleted with the var (delete_var_and_free): set
-  // under the lock as the var dies, given back by whoever frees the slot.
-  StreamDevice* release_dev = nullptr;
-  void* release_ptr = nullptr;
-  std::size_t release_bytes = 0;
-  int release_stream = 0;
   // Written by the running writer, read by running readers of that version:
   // the DAG orders them (a reader starts after its writer's completion
   // released `pending`; the next writer after every reader's). On a cache
   // line of its own: the running nodes read it while recorders write
   // the fields above for the next pushes.
   alignas(64) ErrorPtr poison;
+  // A stream-device buffer deleted with the var (delete_var_and_free): set
+  // under the lock as the var dies (once per var, so sharing the line that
+  // running readers load costs nothing), given back by whoever frees the
+  // slot.
+  StreamDevice* release_dev = nullptr;
+  void* release_ptr = nullptr;
+  std::size_t release_bytes = 0;
+  int release_stream = 0;
 };
 
 // kLaunched: a stream-device node enqueued on its stream, not yet complete.

@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cassert>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -249,8 +250,11 @@ class VarTable {
   }
 
   /// The table's own drop (mu_ held): a slot freed here goes straight to
-  /// the free list.
+  /// the free list. Never a var with a buffer to give back (clear() would
+  /// call its device under mu_): delete_var_and_free drops the liveness
+  /// hold itself, so such a var never reaches busy_.
   void drop_here(VarState* s) noexcept {
+    assert(s->release_dev == nullptr);
     if (s->holds.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
     clear(s);
     s->next_free = free_;

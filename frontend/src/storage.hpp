@@ -94,11 +94,12 @@ struct Storage {
       // Given back with the var once its accesses have completed: no node.
       try {
         if (eng->delete_owned_var_and_free(var, device, data, bytes)) return;
-      } catch (const std::exception& e) {  // a destructor never throws
-        std::cerr << "lazydag: could not delete a " << device.str() << " buffer's var: " << e.what() << '\n';
-        return;
+      } catch (const std::exception& e) {  // a destructor never throws; the node below is the fallback
+        std::cerr << "lazydag: could not give back a " << device.str() << " buffer with its var: " << e.what()
+                  << '\n';
       }
-      // A CPU node still reads it: the free is recorded after it.
+      // A CPU node of the caller's own (through NDArray::var()) still reads
+      // or writes it: the free is recorded after it.
       void* p = data;
       const std::size_t n = bytes;
       try {

@@ -5,6 +5,9 @@
 
 #include <lazydag/engine/engine.hpp>
 
+#include <link.h>
+
+#include <cstring>
 #include <new>
 
 #include "../counting_new.hpp"
@@ -14,7 +17,41 @@ using namespace lazydag;
 using namespace lazydag::engine;
 using lazydag::test::allocations_in;
 
+namespace {
+
+// The size of the TLS segment of the loaded object whose file name contains
+// `name`, or -1 when none is loaded (a static link).
+long tls_bytes_of(const char* name) {
+  struct Query {
+    const char* name;
+    long bytes;
+  } q{name, -1};
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, std::size_t, void* data) {
+        auto* query = static_cast<Query*>(data);
+        if (info->dlpi_name == nullptr || std::strstr(info->dlpi_name, query->name) == nullptr) return 0;
+        query->bytes = 0;
+        for (int i = 0; i < info->dlpi_phnum; ++i) {
+          if (info->dlpi_phdr[i].p_type == PT_TLS) query->bytes = static_cast<long>(info->dlpi_phdr[i].p_memsz);
+        }
+        return 1;
+      },
+      &q);
+  return q.bytes;
+}
+
+}  // namespace
+
 TEST_SUITE("engine") {
+  // The shared engine library is built with its thread-locals in the static
+  // TLS block (engine/meson.build): loaded with dlopen, as the Python module
+  // loads it, they come out of glibc's small reserve for such libraries.
+  TEST_CASE("Build.EngineThreadLocalsFitTheStaticTlsReserve") {
+    const long bytes = tls_bytes_of("liblazydag_engine");
+    if (bytes < 0) return;  // linked statically
+    CHECK(bytes <= 256);
+  }
+
   // The zero counts below mean something only if the counter counts: direct
   // calls of the replaceable functions, which no compiler may elide.
   TEST_CASE("Recording.TheAllocationCounterCounts") {

@@ -10,9 +10,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <future>
 #include <memory>
 #include <stdexcept>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "../../engine/src/block_cache.hpp"
@@ -315,65 +318,98 @@ TEST_SUITE("engine") {
   }
 
   TEST_CASE("Streams.AnOwnedBufferIsFreedWithItsVarOnceItsAccessesComplete" * doctest::timeout(60)) {
-    for (Policy policy : {Policy::kEager, Policy::kLazy}) {
-      const std::string policy_name(to_string(policy));
+    struct Config {
+      Policy policy;
+      std::size_t max_in_flight;  // 1: the second reader waits in the run-ahead bound, holding the var
+    };
+    for (Config cfg : {Config{Policy::kEager, 1024}, Config{Policy::kLazy, 1024}, Config{Policy::kEager, 1}}) {
+      const std::string policy_name(to_string(cfg.policy));
       CAPTURE(policy_name);
-      Engine eng(threaded(policy));
+      CAPTURE(cfg.max_in_flight);
+      EngineOptions options = threaded(cfg.policy);
+      options.max_in_flight = cfg.max_in_flight;
+      Engine eng(options);
       StreamDevice& dev = eng.stream_device(kSim1);
       const std::size_t before = dev.bytes_in_use();
       auto make = [&](Var v) {
         void* p = nullptr;
-        eng.push([&p](const RunContext& ctx) { p = ctx.stream_device->allocate(4096, ctx.stream); }, {}, {v},
-                 on(kSim1));
+        eng.push([&p](const RunContext& ctx) {
+          p = ctx.stream_device->allocate(4096, ctx.stream);
+          std::memset(p, 7, 4096);
+        }, {}, {v}, on(kSim1));
         eng.waitall();  // every completion has dropped its holds
         REQUIRE(p != nullptr);
         return p;
       };
+      auto gate = [] {
+        auto g = std::make_shared<std::promise<void>>();
+        return std::make_pair(g, g->get_future().share());
+      };
 
-      // Pending stream accesses: a writer and, on the copy-out stream, a
-      // reader held until the var is deleted. The buffer goes back only
-      // after both complete, and no node is recorded for it.
+      // Two pending readers on two streams, each held by a gate of its own,
+      // both reading the buffer: it goes back only after the second
+      // completes, and no node is recorded for it.
       Var v = eng.new_owned_var("a test buffer");
       void* p = make(v);
-      std::promise<void> go;
-      std::shared_future<void> going = go.get_future().share();
-      std::atomic<int> seen{0};
-      eng.push([&, going](const RunContext&) {
-        going.wait();
-        seen.store(static_cast<unsigned char*>(p)[0] == 0 ? 1 : 2);
-      }, {}, {v}, on(kSim1));
-      eng.push([&, going](const RunContext&) { going.wait(); }, {v}, {}, on(kSim1, StreamKind::kCopyOut));
+      Var first_done = eng.new_var();
+      auto [open_first, first] = gate();
+      auto [open_second, second] = gate();
+      std::atomic<int> read_sum{0};
+      auto read = [p, &read_sum](std::shared_future<void> g) {
+        return [p, &read_sum, g](const RunContext&) {
+          g.wait();
+          const auto* b = static_cast<const unsigned char*>(p);
+          read_sum.fetch_add(b[0] + b[4095]);
+        };
+      };
+      eng.push(read(first), {v}, {first_done}, on(kSim1));
+      eng.push(read(second), {v}, {}, on(kSim1, StreamKind::kCopyOut));
       const auto recorded = eng.stats().nodes_recorded;
       CHECK(eng.delete_owned_var_and_free(v, kSim1, p, 4096));
       CHECK(eng.stats().nodes_recorded == recorded);
       CHECK(dev.bytes_in_use() == before + 4096);  // still in use by the held nodes
       CHECK_THROWS_AS(eng.push([](const RunContext&) {}, {v}, {}, on(kSim1)), InvalidArgument);
       CHECK_THROWS_AS((void)eng.delete_owned_var_and_free(v, kSim1, p, 4096), InvalidArgument);
-      CHECK(dev.bytes_in_use() == before + 4096);
-      go.set_value();
+      open_first->set_value();
+      eng.wait_to_read(first_done);
+      CHECK(dev.bytes_in_use() == before + 4096);  // the second reader still holds it
+      open_second->set_value();
       eng.waitall();  // returns after the completion that gave it back
-      CHECK(seen.load() != 0);
+      CHECK(read_sum.load() == 4 * 7);
+      CHECK(dev.bytes_in_use() == before);
+
+      // A pending writer: the same.
+      Var w = eng.new_owned_var("a test buffer");
+      void* q = make(w);
+      auto [open_writer, writer] = gate();
+      eng.push([q, writer](const RunContext&) {
+        writer.wait();
+        static_cast<unsigned char*>(q)[0] = 1;
+      }, {}, {w}, on(kSim1));
+      CHECK(eng.delete_owned_var_and_free(w, kSim1, q, 4096));
+      CHECK(dev.bytes_in_use() == before + 4096);
+      open_writer->set_value();
+      eng.waitall();
       CHECK(dev.bytes_in_use() == before);
 
       // Nothing pending: given back by the call itself.
       Var idle = eng.new_owned_var("a test buffer");
-      void* q = make(idle);
+      void* r = make(idle);
       CHECK(dev.bytes_in_use() == before + 4096);
-      CHECK(eng.delete_owned_var_and_free(idle, kSim1, q, 4096));
+      CHECK(eng.delete_owned_var_and_free(idle, kSim1, r, 4096));
       CHECK(dev.bytes_in_use() == before);
 
       // A CPU node still reads it: refused, nothing done; the var stays
       // usable and the caller records the free.
       Var shared = eng.new_owned_var("a test buffer");
-      void* r = make(shared);
-      std::promise<void> release;
-      std::shared_future<void> released = release.get_future().share();
-      eng.push([released](const RunContext&) { released.wait(); }, {shared}, {}, PushOptions{});
-      CHECK_FALSE(eng.delete_owned_var_and_free(shared, kSim1, r, 4096));
-      eng.push([r](const RunContext& ctx) { ctx.stream_device->deallocate(r, 4096, ctx.stream); }, {}, {shared},
+      void* t = make(shared);
+      auto [open_cpu, cpu] = gate();
+      eng.push([cpu](const RunContext&) { cpu.wait(); }, {shared}, {}, PushOptions{});
+      CHECK_FALSE(eng.delete_owned_var_and_free(shared, kSim1, t, 4096));
+      eng.push([t](const RunContext& ctx) { ctx.stream_device->deallocate(t, 4096, ctx.stream); }, {}, {shared},
                on(kSim1, StreamKind::kCompute, 0, "free"));
       eng.delete_owned_var(shared);
-      release.set_value();
+      open_cpu->set_value();
       eng.waitall();
       CHECK(dev.bytes_in_use() == before);
 
@@ -382,6 +418,32 @@ TEST_SUITE("engine") {
       CHECK_THROWS_AS((void)eng.delete_owned_var_and_free(host, Device{}, nullptr, 1), InvalidArgument);
       eng.delete_owned_var(host);
     }
+  }
+
+  TEST_CASE("Streams.AnOwnedBufferIsFreedWhenItsDeviceFaults" * doctest::timeout(60)) {
+    // The pending access faults the device: every launch fails, the
+    // completions still come, and the last gives the buffer back.
+    Engine eng(threaded());
+    StreamDevice& dev = eng.stream_device(kSim1);
+    const std::size_t before = dev.bytes_in_use();
+    Var v = eng.new_owned_var("a test buffer");
+    void* p = nullptr;
+    eng.push([&p](const RunContext& ctx) { p = ctx.stream_device->allocate(4096, ctx.stream); }, {}, {v},
+             on(kSim1));
+    eng.waitall();
+    REQUIRE(p != nullptr);
+    std::promise<void> go;
+    std::shared_future<void> going = go.get_future().share();
+    eng.push([going](const RunContext& ctx) {
+      going.wait();
+      sim::fault(ctx, "illegal address");
+    }, {v}, {}, on(kSim1));
+    eng.push([](const RunContext&) {}, {v}, {}, on(kSim1, StreamKind::kCopyOut));
+    CHECK(eng.delete_owned_var_and_free(v, kSim1, p, 4096));
+    CHECK(dev.bytes_in_use() == before + 4096);
+    go.set_value();
+    CHECK_THROWS_AS(eng.waitall(), OpError);
+    CHECK(dev.bytes_in_use() == before);
   }
 
   TEST_CASE("Streams.SimPoolReusesBlocksBySizeClassWithinItsLimit") {

@@ -86,9 +86,8 @@ void check_gradient(const char* name, const Fn& f, const std::vector<Input>& inp
 
 NDArray positive(const NDArray& x) { return nd::abs(x) + 0.5; }
 
-// Everything recorded has run, including the frees of stream-device buffers
-// that a CPU node still read (recorded while the first waitall released the
-// ops that held them).
+// Everything recorded has run, including anything recorded while the first
+// waitall released the ops that held the arrays.
 void settle() {
   nd::waitall();
   nd::waitall();

@@ -310,11 +310,12 @@ class Engine {
   /// delete_owned_var for the var of a buffer `p` of `bytes` on the stream
   /// device `device`, which is given back too, without recording a node:
   /// `StreamDevice::deallocate` runs once every access recorded on `v` has
-  /// completed on the device, at once when none is pending, else on the
-  /// backend thread that reports the last completion (waitall returns after
-  /// it). Returns false, having done nothing, when an access still pending
-  /// runs on the CPU: the caller then records the free as a node and calls
-  /// delete_owned_var. Throws InvalidArgument as delete_var does, or for a
+  /// completed on the device, on the thread that completes the last one
+  /// (a backend thread, or whichever thread finishes a failed launch), or
+  /// in this call when none is pending; waitall returns after it. Returns
+  /// false, having done nothing, when an access still pending (a read or a
+  /// write) runs on the CPU: the caller then records the free as a node and
+  /// calls delete_owned_var. Throws InvalidArgument as delete_var does, or for a
   /// device that is not a stream device. Non-blocking.
   bool delete_owned_var_and_free(Var v, Device device, void* p, std::size_t bytes);
 

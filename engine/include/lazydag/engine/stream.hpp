@@ -42,8 +42,9 @@ class StreamTask {
   /// finished on the device; `async_error` is a failure the device reported
   /// only then (null when none), `ran` when the device ran it (measured
   /// while the profiler runs: CUDA timing events around the launch, the
-  /// executor's clock on the emulated device). Must not call back into the
-  /// backend.
+  /// executor's clock on the emulated device). May give memory and events
+  /// back to the backend (StreamDevice::deallocate, release_event); must
+  /// not launch or block.
   virtual void complete(std::exception_ptr async_error, DeviceInterval ran) noexcept = 0;
 
  protected:

@@ -105,6 +105,19 @@ inline Dims dims(const Strides& strides) {
   return s;
 }
 
+/// `v` has shape `shape` and is dense in row-major order (a dim of size 1
+/// may have any stride): an elementwise loop over it is one run of unit
+/// step, with no loop nest to build.
+inline bool dense_as(const TensorView& v, const Shape& shape) {
+  if (!(v.shape == shape)) return false;
+  std::int64_t expect = 1;
+  for (std::size_t d = shape.size(); d-- > 0;) {
+    if (shape[d] != 1 && v.strides[d] != expect) return false;
+    expect *= shape[d];
+  }
+  return true;
+}
+
 template <class T>
 T* typed(const TensorView& v) {
   return static_cast<T*>(v.data);

@@ -225,12 +225,12 @@ void Engine::rearm_exit_handler() noexcept {
 }
 
 Var Engine::new_var() { return impl_->new_var(); }
-void Engine::delete_var(Var v) { impl_->delete_var(v); }
+void Engine::delete_var(Var v) { (void)impl_->delete_var(v); }
 Var Engine::new_owned_var(const char* owner) {
   if (owner == nullptr || *owner == '\0') throw InvalidArgument("new_owned_var: the owner needs a name");
   return impl_->new_var(owner);
 }
-void Engine::delete_owned_var(Var v) { impl_->delete_var(v, /*by_owner=*/true); }
+void Engine::delete_owned_var(Var v) { (void)impl_->delete_var(v, /*by_owner=*/true); }
 bool Engine::delete_owned_var_and_free(Var v, Device device, void* p, std::size_t bytes) {
   return impl_->delete_var_and_free(v, device, p, bytes);
 }

@@ -56,7 +56,7 @@ class EngineImpl {
 
   // record.cpp
   Var new_var(const char* owner = nullptr);
-  void delete_var(Var v, bool by_owner = false);
+  bool delete_var(Var v, bool by_owner = false, const VarRelease* release = nullptr);
   bool delete_var_and_free(Var v, Device device, void* p, std::size_t bytes);
   void push(Function fn, std::span<const Var> reads, std::span<const Var> writes,
             const PushOptions& options, bool async = false);

@@ -81,6 +81,14 @@ class NodeName {
 inline constexpr int kSeqSlotBits = 7;
 static_assert(kThreadSlots < (1 << kSeqSlotBits));
 
+// A buffer to give back to its stream device (on `stream`) with a var.
+struct VarRelease {
+  StreamDevice* dev = nullptr;  // null: none
+  void* ptr = nullptr;
+  std::size_t bytes = 0;
+  int stream = 0;
+};
+
 struct VarState {
   SpinLock mu;
   std::uint32_t index = 0;        // the slot's; set once, with `engine`
@@ -116,10 +124,7 @@ struct VarState {
   // under the lock as the var dies (once per var, so sharing the line that
   // running readers load costs nothing), given back by whoever frees the
   // slot.
-  StreamDevice* release_dev = nullptr;
-  void* release_ptr = nullptr;
-  std::size_t release_bytes = 0;
-  int release_stream = 0;
+  VarRelease release;
 };
 
 // kLaunched: a stream-device node enqueued on its stream, not yet complete.

@@ -64,47 +64,46 @@ void EngineImpl::check_not_in_op(std::string_view call) const {
 Var EngineImpl::new_var(const char* owner) { return vars_.create(owner); }
 
 // The var is refused from now on; its slot is recycled once no access is
-// pending (var_table.hpp).
-void EngineImpl::delete_var(Var v, bool by_owner) {
+// pending (var_table.hpp). With a buffer to release (an owned stream-device
+// buffer), whoever recycles the slot gives it back: the last stream
+// access's completion, or this call when none is pending; false, nothing
+// done, when a pending access is a CPU node (those take no hold, so the
+// slot would wait for a sweep, and the buffer with it).
+bool EngineImpl::delete_var(Var v, bool by_owner, const VarRelease* release) {
+  const std::string_view call =
+      release != nullptr ? std::string_view("delete_owned_var_and_free") : std::string_view("delete_var");
   VarState* s = vars_.lookup(v);
-  if (s == nullptr) vars_.check(nullptr, v, "delete_var");
+  if (s == nullptr) vars_.check(nullptr, v, call);
   {
     std::lock_guard g(s->mu);
-    vars_.check(s, v, "delete_var");
+    vars_.check(s, v, call);
     if (s->owner != nullptr && !by_owner) {
       throw InvalidArgument("delete_var: var #" + std::to_string(v.index) + " belongs to " + s->owner +
                             ", which deletes it when its last handle goes");
     }
+    if (release != nullptr) {
+      if (!VarTable::held_by_pending(s)) return false;
+      s->release = *release;
+      if (s->last_writer != nullptr && s->last_writer->sdev == release->dev) s->release.stream = s->last_writer->stream;
+    }
     s->alive.store(false, std::memory_order_relaxed);  // no push or wait takes it after this
   }
-  vars_.retire(s);
+  if (release != nullptr) {
+    // The liveness hold, at once (acq_rel: the release reaches whoever
+    // drops the last hold).
+    vars_.drop(s);
+  } else {
+    vars_.retire(s);
+  }
+  return true;
 }
 
-// delete_var(v, true), with the buffer given back by whoever frees the slot:
-// the last stream access's completion, or this call when none is pending.
-// Not when a pending access is a CPU node: those take no hold, so the slot
-// would wait for a sweep, and the buffer with it.
 bool EngineImpl::delete_var_and_free(Var v, Device device, void* p, std::size_t bytes) {
   if (!device.is_stream_device()) {
     throw InvalidArgument("delete_owned_var_and_free: " + device.str() + " is not a stream device");
   }
-  StreamDevice& dev = devices_.get(device);
-  VarState* s = vars_.lookup(v);
-  if (s == nullptr) vars_.check(nullptr, v, "delete_owned_var_and_free");
-  {
-    std::lock_guard g(s->mu);
-    vars_.check(s, v, "delete_owned_var_and_free");
-    if (!VarTable::held_by_pending(s)) return false;
-    s->release_dev = &dev;
-    s->release_ptr = p;
-    s->release_bytes = bytes;
-    s->release_stream = s->last_writer != nullptr && s->last_writer->sdev == &dev ? s->last_writer->stream : 0;
-    s->alive.store(false, std::memory_order_relaxed);  // no push or wait takes it after this
-  }
-  // The liveness hold (acq_rel: the fields above reach whoever drops the
-  // last hold).
-  vars_.drop(s);
-  return true;
+  const VarRelease release{&devices_.get(device), p, bytes, 0};
+  return delete_var(v, /*by_owner=*/true, &release);
 }
 
 bool EngineImpl::add_edge(Node* pred, Node* n, bool give, bool& shared) {

@@ -150,27 +150,15 @@ class VarTable {
     sweep_locked();
   }
 
+  /// The nodes a var names are done (acquire: after their last access to
+  /// it). Its lock held, or the var dead.
+  static bool idle(const VarState* s) noexcept { return every_access(s, done); }
+
   /// The nodes a var names that are not done all hold it (stream-device
   /// nodes): when it dies, its liveness hold can go at once, and the last
   /// of their completions frees the slot. Its lock held.
   static bool held_by_pending(const VarState* s) noexcept {
-    auto holds_or_done = [](const Node* n) {
-      return n->sdev != nullptr || n->state.load(std::memory_order_acquire) == NodeState::kDone;
-    };
-    if (s->last_writer != nullptr && !holds_or_done(s->last_writer)) return false;
-    return std::all_of(s->readers.begin(), s->readers.end(), holds_or_done);
-  }
-
-  /// The nodes a var names are done (acquire: after their last access to
-  /// it). Its lock held, or the var dead.
-  static bool idle(const VarState* s) noexcept {
-    if (s->last_writer != nullptr && s->last_writer->state.load(std::memory_order_acquire) != NodeState::kDone) {
-      return false;
-    }
-    for (const Node* r : s->readers) {
-      if (r->state.load(std::memory_order_acquire) != NodeState::kDone) return false;
-    }
-    return true;
+    return every_access(s, [](const Node* n) { return n->sdev != nullptr || done(n); });
   }
 
   /// Drops a hold; the last one frees the slot, into the thread's cache
@@ -198,6 +186,14 @@ class VarTable {
 
  private:
   static constexpr std::uint32_t kBatch = 32;
+
+  static bool done(const Node* n) noexcept { return n->state.load(std::memory_order_acquire) == NodeState::kDone; }
+  // pred holds for the var's last writer and every reader since.
+  template <class Pred>
+  static bool every_access(const VarState* s, Pred pred) noexcept {
+    if (s->last_writer != nullptr && !pred(s->last_writer)) return false;
+    return std::all_of(s->readers.begin(), s->readers.end(), pred);
+  }
 
   // One thread's free slots (index + 1, linked by next_free): only the
   // thread holding the slot touches it. `count`: slots freed here and not
@@ -254,7 +250,7 @@ class VarTable {
   /// call its device under mu_): delete_var_and_free drops the liveness
   /// hold itself, so such a var never reaches busy_.
   void drop_here(VarState* s) noexcept {
-    assert(s->release_dev == nullptr);
+    assert(s->release.dev == nullptr);
     if (s->holds.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
     clear(s);
     s->next_free = free_;
@@ -269,13 +265,14 @@ class VarTable {
     s->readers.shrink_if_large(64);
     s->prune_at = 8;
     if (s->poison) s->poison.reset();  // its line stays shared with the readers when clean
-    if (s->release_dev != nullptr) {
-      // Every access has completed on the device: any of its streams may
-      // take the buffer back.
-      StreamDevice* dev = std::exchange(s->release_dev, nullptr);
-      dev->deallocate(std::exchange(s->release_ptr, nullptr), s->release_bytes,
-                      dev->stream_handle(s->release_stream));
-    }
+    if (s->release.dev != nullptr) [[unlikely]] give_back(s);
+  }
+
+  // Every access has completed on the device: any of its streams may take
+  // the buffer back. Out of line: clear() runs on every var's deletion.
+  [[gnu::noinline]] static void give_back(VarState* s) noexcept {
+    const VarRelease r = std::exchange(s->release, VarRelease{});
+    r.dev->deallocate(r.ptr, r.bytes, r.dev->stream_handle(r.stream));
   }
 
   // 2^28 slots at most, in chunks that never move: lookups index them

@@ -34,7 +34,7 @@ struct Group;
 /// Host buffers come from the host pool at once. Stream-device buffers are
 /// allocated by the first op that writes them, on its stream, and given
 /// back with the var once every access has completed on the device
-/// (Engine::delete_owned_var_and_free), or, while a CPU node still reads
+/// (Engine::delete_owned_var_and_free), or, while a CPU node still uses
 /// one, freed by a recorded op that writes the var after every access.
 struct Storage {
   engine::Engine* eng;

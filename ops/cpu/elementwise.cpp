@@ -17,7 +17,6 @@ namespace lazydag::ops::cpu {
 
 using ops::detail::apply_compare;
 using detail::broadcast_dims;
-using detail::dense_as;
 using detail::dims;
 using Dims = detail::Dims;
 using ops::detail::convert_value;
@@ -200,14 +199,6 @@ template <class X, class Y, class Run>
 void map_runs(const TensorView& a, const TensorView& out, Run run) {
   const X* x = typed<X>(a);
   Y* y = typed<Y>(out);
-  // Small and dense, as most of a model's small ops are: one run, without
-  // the nest (a tenth of the instructions of a recorded x + 1 on one
-  // element went to building it).
-  if (const std::int64_t n = numel(out.shape);
-      n < detail::kParallelElements && dense_as(a, out.shape) && dense_as(out, out.shape)) {
-    if (n != 0) run(x + a.offset, 1, y + out.offset, 1, n);
-    return;
-  }
   const std::array<Dims, 2> strides{broadcast_dims(a, out.shape), dims(out.strides)};
   detail::for_each_row<2>(out.shape, strides, {a.offset, out.offset},
                           [&](const Off2& o, const Off2& st, std::int64_t n) {
@@ -230,11 +221,6 @@ void zip_runs(const TensorView& a, const TensorView& b, const TensorView& out, R
   const X* x = typed<X>(a);
   const X* z = typed<X>(b);
   Y* y = typed<Y>(out);
-  if (const std::int64_t n = numel(out.shape); n < detail::kParallelElements && dense_as(a, out.shape) &&
-                                                dense_as(b, out.shape) && dense_as(out, out.shape)) {
-    if (n != 0) run(x + a.offset, 1, z + b.offset, 1, y + out.offset, 1, n);
-    return;
-  }
   detail::for_each_row<3>(
       out.shape,
       std::array<Dims, 3>{broadcast_dims(a, out.shape), broadcast_dims(b, out.shape), dims(out.strides)},

@@ -105,19 +105,6 @@ inline Dims dims(const Strides& strides) {
   return s;
 }
 
-/// `v` has shape `shape` and is dense in row-major order (a dim of size 1
-/// may have any stride): an elementwise loop over it is one run of unit
-/// step, with no loop nest to build.
-inline bool dense_as(const TensorView& v, const Shape& shape) {
-  if (!(v.shape == shape)) return false;
-  std::int64_t expect = 1;
-  for (std::size_t d = shape.size(); d-- > 0;) {
-    if (shape[d] != 1 && v.strides[d] != expect) return false;
-    expect *= shape[d];
-  }
-  return true;
-}
-
 template <class T>
 T* typed(const TensorView& v) {
   return static_cast<T*>(v.data);
@@ -126,18 +113,10 @@ T* typed(const TensorView& v) {
 using ops::detail::make_nest;
 using ops::detail::Nest;
 
-/// Calls row(off, step, len) for every run of consecutive elements along
-/// the innermost dim of the merged nest of `shape`: off[k] is operand k's
-/// element offset of the run's first element, step[k] its step (0 along a
-/// broadcast dim). In parallel chunks of about kParallelElements elements
-/// when the array is large, split inside rows as well as across them, so a
-/// one-row (dense) array is split too. Row functions whose steps are 0 or 1
-/// are loops the compiler vectorises.
+// for_each_row through the merged loop nest.
 template <std::size_t N, class S, class Row>
-void for_each_row(const Shape& shape, const std::array<S, N>& strides,
-                  const std::array<std::int64_t, N>& base, Row&& row) {
-  const std::int64_t total = numel(shape);
-  if (total == 0) return;
+void for_each_row_nested(const Shape& shape, const std::array<S, N>& strides,
+                         const std::array<std::int64_t, N>& base, Row&& row, std::int64_t total) {
   const Nest<N> nest = make_nest<N>(shape, strides);
   const int inner_dim = nest.rank - 1;
   const std::int64_t inner = nest.shape[inner_dim];
@@ -176,6 +155,42 @@ void for_each_row(const Shape& shape, const std::array<S, N>& strides,
   }
   parallel_chunks(0, total, kParallelElements, run);
 }
+
+/// Calls row(off, step, len) for every run of consecutive elements along
+/// the innermost dim of the merged nest of `shape`: off[k] is operand k's
+/// element offset of the run's first element, step[k] its step (0 along a
+/// broadcast dim). In parallel chunks of about kParallelElements elements
+/// when the array is large, split inside rows as well as across them, so a
+/// one-row (dense) array is split too. Row functions whose steps are 0 or 1
+/// are loops the compiler vectorises.
+template <std::size_t N, class S, class Row>
+void for_each_row(const Shape& shape, const std::array<S, N>& strides,
+                  const std::array<std::int64_t, N>& base, Row&& row) {
+  const std::int64_t total = numel(shape);
+  if (total == 0) return;
+  // Small, and every operand dense in row-major order (a dim of size 1 may
+  // have any stride), as most of a model's small ops are: one run, with no
+  // nest to build (a tenth of the instructions of a recorded x + 1 on one
+  // element went to building it).
+  if (total < kParallelElements) {
+    bool dense = true;
+    for (std::size_t k = 0; k < N && dense; ++k) {
+      std::int64_t expect = 1;
+      for (std::size_t d = shape.size(); d-- > 0 && dense;) {
+        dense = shape[d] == 1 || strides[k][d] == expect;
+        expect *= shape[d];
+      }
+    }
+    if (dense) {
+      std::array<std::int64_t, N> unit{};
+      unit.fill(1);
+      row(base, unit, total);
+      return;
+    }
+  }
+  for_each_row_nested<N>(shape, strides, base, row, total);
+}
+
 
 /// Calls f(i0, i1) over [0, n) in parallel chunks when n is large.
 template <class F>

@@ -78,11 +78,27 @@ __attribute__((target("avx512f"))) void sigmoid_affine_avx512(const float* x, co
 }
 #endif
 
+volatile float g_sink = 0;  // keeps the plain loops' results alive
+
+// The two_devices chain written as a plain loop: 200 times, a 96 x 96
+// product with itself (OpenBLAS, one thread), scaled by 0.01 and tanh'd.
+void plain_chain(std::vector<float> x) {
+  constexpr int n = 96;
+  std::vector<float> p(x.size());
+  for (int i = 0; i < 200; ++i) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0F, x.data(), n, x.data(), n, 0.0F,
+                p.data(), n);
+    for (std::size_t k = 0; k < x.size(); ++k) x[k] = std::tanh(p[k] * 0.01F);
+  }
+  g_sink = x[0];
+}
+
 // The tour's lesson 4b: two chains of 200 tanh(matmul(x, x) * 0.01) on
 // sim(0) and sim(1), recorded together and waited for once, against a
 // waitall between them (medians of 31 alternated repeats), and the
 // process's CPU time for each (median): what the frontend, the workers and
-// the devices' threads spend beyond the ops themselves shows there.
+// the devices' threads spend beyond the ops themselves shows there. Beside
+// them, the same chains as plain loops on one thread and on two.
 void two_devices() {
   NDArray x0 = nd::random_uniform({96, 96}, sim(0), 5);
   NDArray x1 = nd::random_uniform({96, 96}, sim(1), 6);
@@ -116,13 +132,39 @@ void two_devices() {
     };
   };
   const auto [together, apart] = bench::interleaved_median_of(timed(cpu_together, false), timed(cpu_apart, true), 31);
+  // The peer, after the engine's runs: the same two chains as plain loops,
+  // one after the other on one thread, then on two threads at once. Its
+  // speedup is what two cores give this work here, the ceiling of the
+  // ratio above.
+  const std::vector<float> h0 = x0.to_vector<float>();
+  const std::vector<float> h1 = x1.to_vector<float>();
+  const auto [serial, parallel] = bench::interleaved_median_of(
+      [&] {
+        const auto t0 = bench::Clock::now();
+        plain_chain(h0);
+        plain_chain(h1);
+        return bench::since(t0);
+      },
+      [&] {
+        const auto t0 = bench::Clock::now();
+        std::thread other([&] { plain_chain(h1); });
+        plain_chain(h0);
+        other.join();
+        return bench::since(t0);
+      },
+      31);
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
+  const double speedup = serial / parallel;
   std::printf("bench=ndarray workload=two_devices together_ms=%.2f apart_ms=%.2f ratio_apart_vs_together=%.3f "
               "cpu_ms_together=%.2f cpu_ms_apart=%.2f\n",
               together * 1e3, apart * 1e3, apart / together, median(cpu_together) * 1e3, median(cpu_apart) * 1e3);
+  std::printf("bench=ndarray workload=two_devices peer=plain_threads serial_ms=%.2f parallel_ms=%.2f "
+              "parallel_speedup=%.3f\n",
+              serial * 1e3, parallel * 1e3, speedup);
+  std::printf("bench=ndarray workload=two_devices ratio_vs_parallel_speedup=%.3f\n", apart / together / speedup);
 }
 
 }  // namespace

@@ -2,8 +2,9 @@
 // Members are implemented by topic: record.cpp (vars, nodes, dependency
 // linking, requests, the pending window), schedule.cpp (readiness, bypass,
 // the workers, completion), streams.cpp (stream devices: launch edges,
-// events, run-ahead bounds), waits.cpp (waiters, helping, the watchdog,
-// introspection). docs/architecture.md describes the protocol.
+// events, run-ahead bounds), waits.cpp (waiters, helping, the watchdog),
+// introspect.cpp (stats, pending nodes, the watchdog report, profiler
+// events). docs/architecture.md describes the protocol.
 #pragma once
 
 #include <lazydag/engine/engine.hpp>

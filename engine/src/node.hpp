@@ -74,7 +74,7 @@ class NodeName {
 };
 
 // Fields marked [var] belong to the var's lock `mu`: recorders take the
-// locks of every var a push names (in slot order), waits the lock of the
+// locks of every var a push names (in address order), waits the lock of the
 // var they wait for; the others say what orders them.
 // A node's seq is its record clock shifted left by this, or'ed with its
 // recording thread's slot (kThreadSlots for a thread without one).

@@ -238,6 +238,10 @@ void Engine::push(Function fn, std::span<const Var> reads, std::span<const Var> 
                   const PushOptions& options) {
   impl_->push(std::move(fn), reads, writes, options);
 }
+void Engine::push_keeping(Function borrowed, Function (*keep)(void*), void* keep_arg, std::span<const Var> reads,
+                          std::span<const Var> writes, const PushOptions& options) {
+  impl_->push(std::move(borrowed), reads, writes, options, false, detail::Keep{keep, keep_arg});
+}
 void Engine::push_async(AsyncFunction fn, std::span<const Var> reads, std::span<const Var> writes,
                         const PushOptions& options) {
   impl_->push_async(std::move(fn), reads, writes, options);

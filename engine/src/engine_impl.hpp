@@ -48,6 +48,13 @@ struct Bypass {
   std::uint32_t only_tag = 0;  // 0: any
 };
 
+// push_or_run's owning function, made only when the node does not run
+// inside push (its function is then the borrowed one).
+struct Keep {
+  Function (*make)(void*) = nullptr;
+  void* arg = nullptr;
+};
+
 class EngineImpl {
  public:
   explicit EngineImpl(EngineOptions options);
@@ -60,7 +67,7 @@ class EngineImpl {
   bool delete_var(Var v, bool by_owner = false, const VarRelease* release = nullptr);
   bool delete_var_and_free(Var v, Device device, void* p, std::size_t bytes);
   void push(Function fn, std::span<const Var> reads, std::span<const Var> writes,
-            const PushOptions& options, bool async = false);
+            const PushOptions& options, bool async = false, Keep keep = {});
   void push_async(AsyncFunction fn, std::span<const Var> reads, std::span<const Var> writes,
                   const PushOptions& options);
   // schedule.cpp: an async node's Completion was called.

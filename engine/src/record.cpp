@@ -312,8 +312,24 @@ void EngineImpl::push_async(AsyncFunction fn, std::span<const Var> reads, std::s
       reads, writes, options, /*async=*/true);
 }
 
+namespace {
+
+// push_or_run's owning function. The node is recorded by now, so a failure
+// to make it becomes the node's own (a function that rethrows it).
+Function kept(Keep keep) noexcept {
+  try {
+    Function f = keep.make(keep.arg);
+    if (f) return f;
+    throw InvalidArgument("push_or_run: keep() returned an empty function");
+  } catch (...) {
+    return Function([e = std::current_exception()](const RunContext&) { std::rethrow_exception(e); });
+  }
+}
+
+}  // namespace
+
 void EngineImpl::push(Function fn, std::span<const Var> reads, std::span<const Var> writes,
-                      const PushOptions& options, bool async) {
+                      const PushOptions& options, bool async, Keep keep) {
   std::string_view name = options.name.empty() ? std::string_view("op") : options.name;
   if (!fn) throw InvalidArgument("push '" + std::string(name) + "': empty function");
   if (options.device.id < 0) {
@@ -382,7 +398,7 @@ void EngineImpl::push(Function fn, std::span<const Var> reads, std::span<const V
   const bool profiling = profiler::detail::on();
   const std::uint64_t t0 = profiling ? profiler::detail::now_ns() : 0;
   Node* n = pool_.alloc();
-  n->fn = std::move(fn);
+  if (keep.make == nullptr) n->fn = std::move(fn);  // else chosen below, before the node can start
   n->name.assign(name);
   // Not stored when 0 (reset() leaves it 0), nor write_errors cleared (reset()
   // did): those lines are the runner's, and a store from the recording core
@@ -456,6 +472,16 @@ void EngineImpl::push(Function fn, std::span<const Var> reads, std::span<const V
   const bool small = options_.policy == Policy::kEager && !in_op && sdev == nullptr && !async &&
                      options.cost_bytes != 0 && options.cost_bytes <= options_.inline_bytes;
   locks.unlock_all();
+  if (keep.make != nullptr) {
+    // push_or_run: the borrowed function only for a node this thread runs
+    // below. `pending` only falls, and only this push's count keeps it
+    // above 0: at 1 the decrement below makes the node ready here.
+    if (small && n->pending.load(std::memory_order_relaxed) == 1) {
+      n->fn = std::move(fn);
+    } else {
+      n->fn = kept(keep);
+    }
+  }
   if (n->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {
     if (small) {
       run_inline(n);

@@ -333,6 +333,25 @@ class Engine {
          std::span<const Var>(writes.begin(), writes.size()), options);
   }
 
+  /// As push, for a node that is often small enough to run on the
+  /// recording thread (PushOptions::cost_bytes at most
+  /// EngineOptions::inline_bytes, under eager), without making a function
+  /// that owns what it uses when it does. push_or_run calls `run` at most
+  /// once, only before it returns, when this thread runs the node there: it
+  /// may borrow what the caller holds. Otherwise it calls `keep()` once,
+  /// before it returns and before the node can start, and the node runs the
+  /// Function that returns, which must own what it uses. An exception from
+  /// keep() is the node's failure (the waits report it), not thrown here.
+  /// Throws InvalidArgument as push does, recording nothing and calling
+  /// neither.
+  template <class Run, class Keep>
+  void push_or_run(Run& run, Keep& keep, std::span<const Var> reads, std::span<const Var> writes,
+                   const PushOptions& options = {}) {
+    push_keeping(Function([r = &run](const RunContext& c) { (*r)(c); }),
+                 [](void* k) -> Function { return (*static_cast<Keep*>(k))(); },
+                 const_cast<void*>(static_cast<const void*>(&keep)), reads, writes, options);
+  }
+
   /// As push, for work that ends later than its function returns (a
   /// non-blocking MPI call, an I/O request): `fn` starts it on a CPU worker
   /// and the node is done when the Completion it is given is called. No
@@ -388,6 +407,8 @@ class Engine {
 
  private:
   static void run_at_exit() noexcept;
+  void push_keeping(Function borrowed, Function (*keep)(void*), void* keep_arg, std::span<const Var> reads,
+                    std::span<const Var> writes, const PushOptions& options);
   std::unique_ptr<detail::EngineImpl> impl_;
 };
 

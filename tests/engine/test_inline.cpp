@@ -128,27 +128,39 @@ TEST_CASE("a small node that throws fails at the wait, not at push, and poisons 
   CHECK(eng.stats().nodes_skipped == 1);
 }
 
-TEST_CASE("small nodes from several threads on shared vars keep write order") {
-  // Each thread increments the shared cell with small read-modify-write
-  // nodes; some are ready when recorded (and run there), some wait behind
-  // another thread's. A lost or reordered update changes the total.
+namespace {
+
+// Three threads increment one cell with read-modify-write nodes, `push_inc`
+// recording each: some small (run where recorded when ready), some not, so
+// some wait behind another thread's. Returns the cell after a wait: a lost
+// or reordered update changes the total.
+constexpr int kIncThreads = 3;
+constexpr int kIncOps = 3000;
+template <class PushInc>
+std::uint64_t increments_from_threads(PushInc push_inc) {
   Engine eng(eager(2));
   Var shared = eng.new_var();
   std::uint64_t cell = 0;  // written only by nodes, which the engine serialises
-  constexpr int kThreads = 3;
-  constexpr int kOps = 3000;
   std::vector<std::thread> ts;
-  for (int t = 0; t < kThreads; ++t) {
-    ts.emplace_back([&eng, &cell, shared, t] {
-      for (int i = 0; i < kOps; ++i) {
-        eng.push([&cell](const RunContext&) { cell = cell + 1; }, {shared}, {shared},
-                 {.name = "inc", .cost_bytes = static_cast<std::size_t>((i + t) % 3 == 0 ? 0 : 8)});
+  for (int t = 0; t < kIncThreads; ++t) {
+    ts.emplace_back([&, t] {
+      for (int i = 0; i < kIncOps; ++i) {
+        push_inc(eng, shared, cell, static_cast<std::size_t>((i + t) % 3 == 0 ? 0 : 8));
       }
     });
   }
   for (auto& th : ts) th.join();
   eng.wait_to_read(shared);
-  CHECK(cell == std::uint64_t{kThreads} * kOps);
+  return cell;
+}
+
+}  // namespace
+
+TEST_CASE("small nodes from several threads on shared vars keep write order") {
+  const std::uint64_t cell = increments_from_threads([](Engine& eng, Var shared, std::uint64_t& c, std::size_t cost) {
+    eng.push([&c](const RunContext&) { c = c + 1; }, {shared}, {shared}, {.name = "inc", .cost_bytes = cost});
+  });
+  CHECK(cell == std::uint64_t{kIncThreads} * kIncOps);
 }
 
 namespace {
@@ -252,38 +264,24 @@ TEST_CASE("push_or_run borrows only for a node it runs before returning, and kee
 }
 
 TEST_CASE("push_or_run from several threads on a shared var: every update once, no borrowed run late") {
-  // Read-modify-writes of one cell, some small (run in the call when ready),
-  // some not; from three threads, so some wait behind another thread's.
-  Engine eng(eager(2));
-  Var shared = eng.new_var();
-  std::uint64_t cell = 0;  // written only by nodes, which the engine serialises
-  constexpr int kThreads = 3;
-  constexpr int kOps = 3000;
+  // Whether a push finds its node ready depends on the workers' pace (a
+  // loaded machine may never let it), so how often the borrowed function
+  // runs is not asserted here; the first case above asserts that it does.
   std::atomic<int> late{0};
-  std::atomic<int> borrowed{0};
-  std::vector<std::thread> ts;
-  for (int t = 0; t < kThreads; ++t) {
-    ts.emplace_back([&, t] {
-      for (int i = 0; i < kOps; ++i) {
+  const std::uint64_t cell =
+      increments_from_threads([&](Engine& eng, Var shared, std::uint64_t& c, std::size_t cost) {
         bool in_call = true;
         auto run = [&](const RunContext&) {
           if (!in_call) late.fetch_add(1);
-          borrowed.fetch_add(1);
-          cell = cell + 1;
+          c = c + 1;
         };
-        auto keep = [&cell]() -> Function { return [&cell](const RunContext&) { cell = cell + 1; }; };
+        auto keep = [&c]() -> Function { return [&c](const RunContext&) { c = c + 1; }; };
         const Var rw[] = {shared};
-        eng.push_or_run(run, keep, rw, rw,
-                        {.name = "inc", .cost_bytes = static_cast<std::size_t>((i + t) % 3 == 0 ? 0 : 8)});
+        eng.push_or_run(run, keep, rw, rw, {.name = "inc", .cost_bytes = cost});
         in_call = false;
-      }
-    });
-  }
-  for (auto& th : ts) th.join();
-  eng.wait_to_read(shared);
-  CHECK(cell == std::uint64_t{kThreads} * kOps);
+      });
+  CHECK(cell == std::uint64_t{kIncThreads} * kIncOps);
   CHECK(late.load() == 0);
-  CHECK(borrowed.load() > 0);  // the borrowing path was taken at all
 }
 
 namespace {
